@@ -1,0 +1,53 @@
+"""keras-vllm: export a fine-tuned KerasHub `CausalLM` and serve it on vLLM.
+
+```python
+import keras_vllm  # adds `CausalLM.export_vllm`
+
+causal_lm.export_vllm("exports/my_model")                 # training side
+causal_lm = keras_vllm.load_causal_lm("exports/my_model")  # Keras side
+engine = keras_vllm.KerasVllmEngine.from_export("exports/my_model")  # vLLM
+```
+"""
+
+from keras_vllm import _env  # noqa: F401  (must precede any keras import)
+from keras_vllm.errors import ArtifactError
+from keras_vllm.errors import ExportError
+from keras_vllm.errors import IntegrityError
+from keras_vllm.errors import KerasVllmError
+from keras_vllm.errors import PresetUnavailableError
+from keras_vllm.errors import ServingError
+from keras_vllm.errors import UnsupportedModelError
+from keras_vllm.errors import VersionSkewError
+from keras_vllm.version import __version__
+from keras_vllm.export import export_vllm
+from keras_vllm.load import load_causal_lm
+from keras_vllm.load import load_tokenizer
+from keras_vllm import _keras_hub_hooks
+
+_keras_hub_hooks.install()
+
+__all__ = [
+    "ArtifactError",
+    "ExportError",
+    "IntegrityError",
+    "KerasVllmEngine",
+    "KerasVllmError",
+    "PresetUnavailableError",
+    "ServingError",
+    "UnsupportedModelError",
+    "VersionSkewError",
+    "__version__",
+    "export_vllm",
+    "load_causal_lm",
+    "load_tokenizer",
+]
+
+
+def __getattr__(name):
+    # The engine imports vLLM; load it only when asked so that export-only
+    # installs (no vLLM) work.
+    if name == "KerasVllmEngine":
+        from keras_vllm.engine import KerasVllmEngine
+
+        return KerasVllmEngine
+    raise AttributeError(f"module 'keras_vllm' has no attribute '{name}'")

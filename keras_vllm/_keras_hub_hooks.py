@@ -1,0 +1,48 @@
+"""What `import keras_vllm` adds to keras-hub.
+
+- `keras_hub.models.CausalLM.export_vllm(path, ...)`, so every family has
+  the export method;
+- a record of the preset each model was loaded from, so an export can
+  reference it without the user repeating the handle.
+"""
+
+import functools
+
+_INSTALLED = False
+
+
+def _export_vllm(self, path, **kwargs):
+    from keras_vllm.export import export_vllm
+
+    return export_vllm(self, path, **kwargs)
+
+
+def _record_preset(from_preset):
+    @functools.wraps(from_preset.__func__)
+    def wrapper(cls, preset, *args, **kwargs):
+        model = from_preset.__func__(cls, preset, *args, **kwargs)
+        for obj in (model, getattr(model, "backbone", None)):
+            if obj is not None:
+                try:
+                    obj._keras_vllm_preset = str(preset)
+                except (AttributeError, TypeError):
+                    pass
+        return model
+
+    return classmethod(wrapper)
+
+
+def install():
+    """Adds keras-vllm's hooks to keras-hub (idempotent)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    import keras_hub
+
+    from keras_vllm.export.exporter import export_vllm
+
+    _export_vllm.__doc__ = export_vllm.__doc__
+    keras_hub.models.CausalLM.export_vllm = _export_vllm
+    for base in (keras_hub.models.Task, keras_hub.models.Backbone):
+        base.from_preset = _record_preset(base.__dict__["from_preset"])
+    _INSTALLED = True

@@ -1,0 +1,37 @@
+"""The one exception family of keras-vllm.
+
+Every error the package raises on bad input derives from `KerasVllmError`,
+so callers can catch one type. Messages say what is wrong and what to do.
+"""
+
+
+class KerasVllmError(Exception):
+    """Base class of every error raised by keras-vllm."""
+
+
+class ExportError(KerasVllmError):
+    """An export could not be written (bad target path, unwritable dir...)."""
+
+
+class UnsupportedModelError(KerasVllmError):
+    """The model is not a KerasHub `CausalLM` keras-vllm can export or serve."""
+
+
+class ArtifactError(KerasVllmError):
+    """An artifact is malformed: missing files, bad manifest, bad values."""
+
+
+class IntegrityError(ArtifactError):
+    """An artifact file does not match the checksum recorded at export."""
+
+
+class VersionSkewError(ArtifactError):
+    """The artifact was written by an incompatible version of the format."""
+
+
+class PresetUnavailableError(ArtifactError):
+    """The preset a delta artifact references cannot be resolved here."""
+
+
+class ServingError(KerasVllmError):
+    """The artifact cannot be served with the requested settings."""

@@ -1,0 +1,361 @@
+"""`export_vllm()`: a fine-tuned KerasHub `CausalLM` -> an artifact on disk."""
+
+import datetime
+import hashlib
+import json
+import logging
+import os
+
+import numpy as np
+
+from keras_vllm import artifact
+from keras_vllm import classes
+from keras_vllm import presets
+from keras_vllm import reference
+from keras_vllm import weights as weight_io
+from keras_vllm.errors import ExportError
+from keras_vllm.errors import UnsupportedModelError
+from keras_vllm.export import staging
+from keras_vllm.export import vllm_files
+
+logger = logging.getLogger("keras_vllm")
+
+DEFAULT_GOLDEN_PROMPTS = (
+    "The",
+    "Hello world",
+    "What is the answer?",
+    "one two three",
+)
+TOKENIZER_PROBES = ("Hello world!", "héllo wörld 日本 🙂", "  tabs\tand\nlines ")
+
+
+def _versions():
+    import jax
+    import keras
+    import keras_hub
+
+    from keras_vllm import __version__
+
+    return {
+        "keras_vllm": __version__,
+        "keras": keras.__version__,
+        "keras_hub": keras_hub.__version__,
+        "jax": jax.__version__,
+    }
+
+
+def _serialize(obj, role):
+    name = classes.check_exportable(obj, role)
+    config = obj.get_config()
+    if role == "preprocessor":
+        config = {k: v for k, v in config.items() if k != "tokenizer"}
+    # Round-trip through JSON so non-JSON values fail here, not at load.
+    try:
+        config = json.loads(json.dumps(config))
+    except TypeError as e:
+        raise UnsupportedModelError(
+            f"The {role} config is not JSON-serializable ({e})."
+        ) from None
+    return {
+        "class_name": type(obj).__name__,
+        "registered_name": name,
+        "module": type(obj).__module__,
+        "config": config,
+    }
+
+
+def _check_model(causal_lm):
+    import keras
+    import keras_hub
+
+    if not isinstance(causal_lm, keras_hub.models.CausalLM):
+        raise UnsupportedModelError(
+            f"export_vllm() takes a keras_hub.models.CausalLM, got "
+            f"{type(causal_lm).__name__}. Wrap your backbone in its family's "
+            "CausalLM (e.g. `keras_hub.models.GemmaCausalLM(backbone, "
+            "preprocessor)`)."
+        )
+    if keras.config.backend() != "jax":
+        raise ExportError(
+            f"Keras runs on the '{keras.config.backend()}' backend; keras-vllm "
+            "needs JAX. Set KERAS_BACKEND=jax before importing keras."
+        )
+    if causal_lm.preprocessor is None or getattr(
+        causal_lm.preprocessor, "tokenizer", None
+    ) is None:
+        raise UnsupportedModelError(
+            "The CausalLM has no preprocessor with a tokenizer; the artifact "
+            "must carry the tokenizer. Attach the family's preprocessor "
+            "before exporting."
+        )
+
+
+def _preset_handle(causal_lm, preset):
+    if preset is not None:
+        return str(preset)
+    for obj in (causal_lm, causal_lm.backbone):
+        handle = getattr(obj, "_keras_vllm_preset", None)
+        if handle:
+            return handle
+    return None
+
+
+def _dtype_name(backbone):
+    name = backbone.dtype_policy.variable_dtype
+    if name not in artifact.SUPPORTED_DTYPES:
+        raise UnsupportedModelError(
+            f"Variables of dtype {name} are not supported (quantized or "
+            f"mixed maps); supported: {artifact.SUPPORTED_DTYPES}."
+        )
+    return name
+
+
+def _delta_against_preset(backbone, weights, handle):
+    """Returns the subset of `weights` that differ from the preset's."""
+    import keras_hub
+
+    base = keras_hub.models.Backbone.from_preset(
+        handle, dtype=backbone.dtype_policy.name
+    )
+    if type(base) is not type(backbone) or base.get_config() != (
+        backbone.get_config()
+    ):
+        raise ExportError(
+            f"The model's backbone config differs from the preset "
+            f"'{handle}', so its weights cannot be stored as a delta. Export "
+            "with `weights='full'`, or pass the preset it was built from."
+        )
+    base_weights = weight_io.backbone_weights(base)
+    if set(base_weights) != set(weights):
+        raise ExportError(
+            f"The model's variables do not match the preset '{handle}'. "
+            "Export with `weights='full'`."
+        )
+    return {
+        path: value
+        for path, value in weights.items()
+        if not np.array_equal(value, base_weights[path])
+    }
+
+
+def _tokenizer_section(tokenizer, directory):
+    assets = os.path.join(directory, artifact.TOKENIZER_ASSETS_DIR)
+    os.makedirs(assets)
+    tokenizer.save_assets(assets)
+    section = _serialize(tokenizer, "tokenizer")
+    artifact.write_json(
+        os.path.join(directory, artifact.TOKENIZER_CONFIG_FILE), section
+    )
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(assets)):
+        digest.update(name.encode())
+        digest.update(
+            artifact.sha256_file(os.path.join(assets, name)).encode()
+        )
+    digest.update(json.dumps(section["config"], sort_keys=True).encode())
+    probes = []
+    for text in TOKENIZER_PROBES:
+        ids = [int(i) for i in np.asarray(tokenizer(text)).reshape(-1)]
+        probes.append(
+            {"text": text, "ids": ids, "decoded": tokenizer.detokenize(ids)}
+        )
+    section.update(
+        {
+            "fingerprint": digest.hexdigest(),
+            "golden": probes,
+            "assets": sorted(os.listdir(assets)),
+            "start_token_id": _maybe_int(tokenizer, "start_token_id"),
+            "end_token_id": _maybe_int(tokenizer, "end_token_id"),
+            "pad_token_id": _maybe_int(tokenizer, "pad_token_id"),
+        }
+    )
+    return section
+
+
+def _maybe_int(obj, attr):
+    value = getattr(obj, attr, None)
+    return None if value is None else int(value)
+
+
+def _golden(causal_lm, prompts, max_new_tokens, stop_token_ids):
+    outputs = []
+    for text in prompts:
+        ids = reference.prompt_token_ids(causal_lm, text)
+        new = reference.greedy_continuation(
+            causal_lm, ids, max_new_tokens, stop_token_ids
+        )
+        outputs.append({"prompt": text, "prompt_ids": ids, "output_ids": new})
+    return {"max_new_tokens": max_new_tokens, "outputs": outputs}
+
+
+def _max_sequence_length(causal_lm, requested):
+    if requested is not None:
+        return int(requested)
+    declared = causal_lm.backbone.get_config().get("max_sequence_length")
+    if declared:
+        return int(declared)
+    # Rotary models declare no maximum; serve what such models commonly
+    # train at, never less than the preprocessor length the model used.
+    return max(int(causal_lm.preprocessor.sequence_length or 0), 2048)
+
+
+def export_vllm(
+    causal_lm,
+    path,
+    *,
+    preset=None,
+    weights="auto",
+    overwrite=False,
+    golden_prompts=DEFAULT_GOLDEN_PROMPTS,
+    golden_max_new_tokens=16,
+    max_sequence_length=None,
+    chat_template=None,
+):
+    """Exports a KerasHub `CausalLM` as a keras-vllm artifact directory.
+
+    The artifact holds a manifest (format version, writer versions, preset
+    reference, backbone/tokenizer/preprocessor/sampler classes and configs,
+    SHA-256 of every file), a neutral vLLM `config.json`, a
+    `generation_config.json` with the model's own sampler, the native
+    KerasHub tokenizer assets, orbax weights and golden greedy outputs.
+    It is written beside `path` and renamed into place only when complete.
+
+    Args:
+        causal_lm: a `keras_hub.models.CausalLM` with a preprocessor.
+        path: the artifact directory to create.
+        preset: the preset handle or local preset directory the model was
+            fine-tuned from. Defaults to the one recorded when the model was
+            loaded with `from_preset()` after `import keras_vllm`.
+        weights: `"auto"` (store only what differs from the preset, nothing
+            if it equals it, everything without a preset), `"delta"`,
+            `"full"` or `"preset"`.
+        overwrite: replace an existing artifact at `path`.
+        golden_prompts: prompts whose greedy outputs are recorded.
+        golden_max_new_tokens: tokens generated per golden prompt.
+        max_sequence_length: longest sequence to serve; defaults to the
+            backbone's declared maximum, else the preprocessor's length.
+        chat_template: a Jinja chat template (text, or a path to a file)
+            stored for `/v1/chat/completions`.
+
+    Returns:
+        The absolute path of the artifact.
+
+    Example:
+
+    ```python
+    import keras_vllm
+    causal_lm = keras_hub.models.CausalLM.from_preset("gemma2_2b_en")
+    causal_lm.fit(data, epochs=1)
+    causal_lm.export_vllm("exports/gemma2_tuned")
+    ```
+    """
+    _check_model(causal_lm)
+    target = staging.check_target(path, overwrite)
+    if weights not in ("auto",) + artifact.WEIGHT_MODES:
+        raise ExportError(
+            f"weights='{weights}' is not one of 'auto', 'delta', 'full', "
+            "'preset'."
+        )
+    backbone = causal_lm.backbone
+    preprocessor = causal_lm.preprocessor
+    tokenizer = preprocessor.tokenizer
+    sections = {
+        "backbone": _serialize(backbone, "backbone"),
+        "causal_lm": _serialize(causal_lm, "causal_lm"),
+        "preprocessor": _serialize(preprocessor, "preprocessor"),
+        "sampler": _serialize(causal_lm.sampler, "sampler"),
+    }
+    sections["causal_lm"]["config"] = {}
+    dtype = _dtype_name(backbone)
+    handle = _preset_handle(causal_lm, preset)
+    if weights in ("delta", "preset") and handle is None:
+        raise ExportError(
+            f"weights='{weights}' needs the preset the model came from: pass "
+            "`preset=` (a handle or a local preset directory)."
+        )
+    stop_ids = reference.default_stop_token_ids(tokenizer)
+    max_len = _max_sequence_length(causal_lm, max_sequence_length)
+    # Fails early (before any file is written) for unservable backbones.
+    config = vllm_files.vllm_config(backbone, dtype, max_len, stop_ids, tokenizer)
+
+    logger.info("keras-vllm: collecting weights")
+    all_weights = weight_io.backbone_weights(backbone)
+    preset_section = None
+    if handle is not None and weights != "full":
+        preset_section = {
+            "handle": handle,
+            "files": presets.hash_preset(handle),
+        }
+        stored = _delta_against_preset(backbone, all_weights, handle)
+        if weights == "preset" and stored:
+            raise ExportError(
+                f"weights='preset' but {len(stored)} variables differ from "
+                f"'{handle}' (e.g. '{sorted(stored)[0]}'). Use 'auto'."
+            )
+        mode = "delta" if stored else "preset"
+        if weights == "delta":
+            mode = "delta"
+    else:
+        if handle is not None:
+            preset_section = {"handle": handle, "files": {}}
+        stored, mode = all_weights, "full"
+
+    with staging.staged_directory(target, overwrite) as tmp:
+        sections["tokenizer"] = _tokenizer_section(tokenizer, tmp)
+        if stored:
+            weight_io.save_weights(
+                os.path.join(tmp, artifact.WEIGHTS_DIR), stored
+            )
+        artifact.write_json(os.path.join(tmp, artifact.CONFIG_FILE), config)
+        sampler = sections["sampler"]
+        gen_config, sampler_mapped = vllm_files.generation_config(
+            sampler["registered_name"], sampler["config"], stop_ids, tokenizer
+        )
+        artifact.write_json(
+            os.path.join(tmp, artifact.GENERATION_CONFIG_FILE), gen_config
+        )
+        if chat_template is not None:
+            if os.path.isfile(str(chat_template)):
+                with open(chat_template, encoding="utf-8") as f:
+                    chat_template = f.read()
+            with open(
+                os.path.join(tmp, artifact.CHAT_TEMPLATE_FILE),
+                "w",
+                encoding="utf-8",
+            ) as f:
+                f.write(chat_template)
+        logger.info("keras-vllm: recording golden outputs")
+        artifact.write_json(
+            os.path.join(tmp, artifact.GOLDEN_FILE),
+            _golden(causal_lm, golden_prompts, golden_max_new_tokens, stop_ids),
+        )
+        manifest = {
+            "format": artifact.FORMAT_NAME,
+            "format_version": list(artifact.FORMAT_VERSION),
+            "written_by": _versions(),
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "preset": preset_section,
+            "dtype": dtype,
+            "stop_token_ids": stop_ids,
+            "max_sequence_length": max_len,
+            "sampler_in_vllm": sampler_mapped,
+            "parameter_count": int(backbone.count_params()),
+            "weights": {
+                "mode": mode,
+                "format": "orbax",
+                "directory": artifact.WEIGHTS_DIR if stored else None,
+                "lora": "merged",
+                "variables": {
+                    p: {"shape": list(v.shape), "dtype": str(v.dtype)}
+                    for p, v in sorted(stored.items())
+                },
+                "bytes": int(sum(v.nbytes for v in stored.values())),
+                "total_variables": len(all_weights),
+            },
+            **sections,
+        }
+        manifest["files"] = artifact.file_table(tmp)
+        artifact.validate_manifest(manifest)
+        artifact.write_json(os.path.join(tmp, artifact.MANIFEST_FILE), manifest)
+    logger.info("keras-vllm: exported %s (%s weights)", target, mode)
+    return target

@@ -1,0 +1,150 @@
+"""Atomic artifact writes: build beside the target, then rename into place.
+
+A failed or killed export leaves at most a hidden staging directory (named
+`.<target>.staging-*`, removed on the next export to the same target) and
+never a half-written artifact at the target path. Replacing an existing
+artifact swaps the two directories in one `renameat2(RENAME_EXCHANGE)` call
+on Linux, so there is no moment when neither exists; elsewhere the old one
+is moved aside first and restored if the final rename fails.
+"""
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import shutil
+import tempfile
+
+from keras_vllm.errors import ExportError
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _staging_prefix(target):
+    return f".{os.path.basename(target)}.staging-"
+
+
+def _exchange(a, b):
+    """Atomically swaps two paths; returns False where unsupported."""
+    if not hasattr(os, "uname") or os.uname().sysname != "Linux":
+        return False
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    result = renameat2(
+        _AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE
+    )
+    if result == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def _fsync_tree(directory):
+    for root, _, files in os.walk(directory):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_target(target, overwrite):
+    """Validates an export target before any work is done.
+
+    Raises:
+        ExportError: if the target exists without `overwrite=True`, is a
+            file, or its parent directory is missing or not writable.
+    """
+    target = os.path.abspath(os.fspath(target))
+    parent = os.path.dirname(target)
+    if os.path.lexists(target):
+        if not os.path.isdir(target) or os.path.islink(target):
+            raise ExportError(
+                f"'{target}' exists and is not a directory. Choose another "
+                "export path."
+            )
+        if not overwrite:
+            raise ExportError(
+                f"'{target}' already exists. Pass `overwrite=True` to replace "
+                "it (the old artifact stays intact until the new one is "
+                "complete), or choose another path."
+            )
+    if not os.path.isdir(parent):
+        raise ExportError(
+            f"The parent directory '{parent}' does not exist. Create it first."
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ExportError(
+            f"The directory '{parent}' is not writable. Export to a directory "
+            "you can write to."
+        )
+    return target
+
+
+@contextlib.contextmanager
+def staged_directory(target, overwrite=False):
+    """Yields a fresh staging directory; on success publishes it at `target`.
+
+    Example:
+
+    ```python
+    with staged_directory("out/model") as tmp:
+        write_files(tmp)
+    # "out/model" now holds the complete artifact.
+    ```
+    """
+    target = check_target(target, overwrite)
+    parent = os.path.dirname(target)
+    for name in os.listdir(parent):
+        if name.startswith(_staging_prefix(target)):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    try:
+        staging = tempfile.mkdtemp(prefix=_staging_prefix(target), dir=parent)
+    except OSError as e:
+        raise ExportError(f"Cannot create a staging directory: {e}.") from e
+    try:
+        yield staging
+        _fsync_tree(staging)
+        publish(staging, target, overwrite)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def publish(staging, target, overwrite):
+    """Moves a complete staging directory to `target` atomically."""
+    if os.path.lexists(target):
+        if not overwrite:
+            raise ExportError(f"'{target}' appeared while exporting.")
+        if _exchange(staging, target):
+            # `staging` now holds the old artifact.
+            shutil.rmtree(staging, ignore_errors=True)
+            _fsync_dir(os.path.dirname(target))
+            return
+        aside = staging + ".old"
+        os.rename(target, aside)
+        try:
+            os.rename(staging, target)
+        except BaseException:
+            os.rename(aside, target)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.rename(staging, target)
+    _fsync_dir(os.path.dirname(target))

@@ -1,0 +1,96 @@
+"""Base classes of paged layers: what every family's subclass builds on."""
+
+import dataclasses
+
+from keras import ops
+
+from keras_vllm.layers.context import require_context
+
+
+@dataclasses.dataclass(frozen=True)
+class KVCacheSpec:
+    """What vLLM needs to size one attention layer's KV cache.
+
+    Attributes:
+        num_query_heads: query heads of the layer.
+        num_kv_heads: key/value heads (equal to query heads without GQA).
+        head_dim: size of each head.
+        sliding_window: the window in tokens, or None for global attention.
+    """
+
+    num_query_heads: int
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int | None = None
+
+
+class PagedAttention:
+    """Mixin of every paged attention subclass.
+
+    A subclass lists the KerasHub class second
+    (`class PagedX(PagedAttention, X)`) and implements:
+
+    - `kv_cache_spec(self) -> KVCacheSpec`;
+    - `call(...)` with the parent's signature: project with the parent's
+      own sublayers, apply positions at `self.serving_positions()`, and
+      attend with `self.paged_attend(...)`.
+
+    `self.kv_cache_index` (the layer's KV cache in vLLM's list) is assigned
+    when the layer is swapped in, not by call order.
+    """
+
+    _is_paged_layer = True
+    _owns_kv_cache = True
+
+    def kv_cache_spec(self):
+        raise NotImplementedError
+
+    def serving_positions(self):
+        """vLLM's token positions as a `[T, 1]` int32 tensor, the shape
+        KerasHub's rotary layers take as `positions=` for a batch of one."""
+        return ops.reshape(require_context(self).positions, (-1, 1))
+
+    def paged_attend(
+        self, query, key, value, *, sm_scale, sliding_window=None, soft_cap=None
+    ):
+        """Attends over vLLM's paged KV cache for this layer.
+
+        Args:
+            query: `[1, T, num_query_heads, head_dim]`.
+            key: `[1, T, num_kv_heads, head_dim]` (positions already applied).
+            value: `[1, T, num_kv_heads, head_dim]`.
+            sm_scale: softmax scale applied to `q @ k`.
+            sliding_window: window in tokens (`q_pos - k_pos < window`).
+            soft_cap: attention logit soft cap (`cap * tanh(x / cap)`).
+
+        Returns:
+            `[1, T, num_query_heads, head_dim]` in the query's dtype.
+        """
+        from keras_vllm.layers.paged_attention import paged_attention
+
+        context = require_context(self)
+        index = self.kv_cache_index
+        new_cache, out = paged_attention(
+            context.read_cache(index),
+            query[0],
+            key[0],
+            value[0],
+            context.attention_metadata,
+            sm_scale=float(sm_scale),
+            sliding_window=sliding_window,
+            soft_cap=soft_cap,
+            mesh=context.mesh,
+        )
+        context.write_cache(index, new_cache)
+        return ops.cast(out[None, ...], query.dtype)
+
+
+class PagedPositionLayer:
+    """Mixin of paged subclasses that read vLLM's positions but own no cache."""
+
+    _is_paged_layer = True
+    _owns_kv_cache = False
+
+    def serving_positions(self):
+        """vLLM's token positions as a `[T]` int32 tensor."""
+        return require_context(self).positions

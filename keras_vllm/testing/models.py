@@ -1,0 +1,313 @@
+"""Tiny, randomly initialised KerasHub CausalLMs for every supported family.
+
+Each family's backbone keeps the shape of a real preset's config (the same
+classes, flags and special mechanics: sliding windows, soft caps, q/k norms,
+mixture of experts, ALiBi, partial rotary, RoPE scaling) but is shrunk to
+2 layers, hidden size 64, intermediate size 128, 4 query heads and 2 key/value
+heads (1 for Gemma 1), with head size 16. Tokenizers are trained locally
+(`keras_vllm.testing.tokenizers`), so nothing is downloaded.
+"""
+
+import os
+
+import keras
+import keras_hub
+import numpy as np
+
+from keras_vllm.testing import tokenizers as tokenizers_lib
+
+FAMILIES = [
+    "gpt2",
+    "opt",
+    "llama",
+    "llama3",
+    "mistral",
+    "mixtral",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "qwen",
+    "qwen3",
+    "qwen_moe",
+    "qwen3_moe",
+    "phi3",
+    "falcon",
+    "bloom",
+    "gpt_neo_x",
+]
+
+NUM_LAYERS = 2
+HIDDEN_DIM = 64
+INTERMEDIATE_DIM = 128
+NUM_QUERY_HEADS = 4
+NUM_KEY_VALUE_HEADS = 2
+HEAD_DIM = 16
+SLIDING_WINDOW = 16
+
+# Llama 3.1's RoPE frequency scaling ("rope_type": "llama3" in the HF
+# config), mapped onto `Llama3Backbone` arguments.
+LLAMA3_1_ROPE_SCALING = {
+    "rope_max_wavelength": 500000,
+    "rope_frequency_adjustment_factor": 8.0,
+    "rope_low_freq_factor": 1.0,
+    "rope_high_freq_factor": 4.0,
+    "rope_pretraining_sequence_length": 8192,
+}
+
+# Overrides that switch the tiny Phi-3 to the "su" (LongRoPE) scaled rotary
+# embedding of the 128k-context Phi-3 presets: one short and one long factor
+# per rotary frequency (head_dim // 2 of them), and a maximum sequence length
+# above the pretraining one so the long factors are used.
+PHI3_SU_ROPE_SCALING = {
+    "rope_scaling_type": "su",
+    "rope_scaling_short_factor": [1.0, 1.0, 1.05, 1.1, 1.2, 1.5, 2.0, 2.5],
+    "rope_scaling_long_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.5, 6.0, 8.0],
+    "max_sequence_length": 256,
+    "pretraining_sequence_length": 64,
+}
+
+_GQA = {
+    "num_layers": NUM_LAYERS,
+    "num_query_heads": NUM_QUERY_HEADS,
+    "num_key_value_heads": NUM_KEY_VALUE_HEADS,
+    "hidden_dim": HIDDEN_DIM,
+    "intermediate_dim": INTERMEDIATE_DIM,
+}
+_MHA = {
+    "num_layers": NUM_LAYERS,
+    "num_heads": NUM_QUERY_HEADS,
+    "hidden_dim": HIDDEN_DIM,
+    "intermediate_dim": INTERMEDIATE_DIM,
+}
+_GEMMA = dict(_GQA, head_dim=HEAD_DIM)
+
+# family -> (class name prefix in `keras_hub.models`, backbone kwargs).
+# `vocabulary_size` is filled in from the tokenizer.
+_SPECS = {
+    "gpt2": ("GPT2", dict(_MHA, max_sequence_length=128, dropout=0.0)),
+    "opt": ("OPT", dict(_MHA, max_sequence_length=128, dropout=0.0)),
+    # Llama 2: SentencePiece, untied embeddings, RoPE base 10000.
+    "llama": ("Llama", dict(_GQA, tie_word_embeddings=False)),
+    # Llama 3.1: byte-level BPE, RoPE base 500000 with Llama 3.1 scaling.
+    "llama3": (
+        "Llama3",
+        dict(_GQA, tie_word_embeddings=False, **LLAMA3_1_ROPE_SCALING),
+    ),
+    "mistral": (
+        "Mistral",
+        dict(_GQA, head_dim=HEAD_DIM, sliding_window=SLIDING_WINDOW),
+    ),
+    "mixtral": (
+        "Mixtral",
+        dict(_GQA, num_experts=4, top_k=2, sliding_window=SLIDING_WINDOW),
+    ),
+    # Gemma 1 (2B shape): multi-query attention.
+    "gemma": ("Gemma", dict(_GEMMA, num_key_value_heads=1)),
+    # Gemma 2: the Gemma backbone with the Gemma 2 flags. Sliding window
+    # attention applies to every other layer (layer 0 of 2).
+    "gemma2": (
+        "Gemma",
+        dict(
+            _GEMMA,
+            query_head_dim_normalize=False,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            attention_logit_soft_cap=50.0,
+            final_logit_soft_cap=30.0,
+            use_sliding_window_attention=True,
+            sliding_window_size=SLIDING_WINDOW,
+        ),
+    ),
+    # Gemma 3, text only (1B shape): q/k norms, post norms, sliding window on
+    # 5 of every 6 layers (`num_layers=6` reaches the first global layer).
+    "gemma3": (
+        "Gemma3",
+        dict(
+            _GEMMA,
+            image_size=896,
+            vision_encoder=None,
+            query_head_dim_normalize=True,
+            use_query_key_norm=True,
+            use_post_ffw_norm=True,
+            use_post_attention_norm=True,
+            use_sliding_window_attention=True,
+            sliding_window_size=SLIDING_WINDOW,
+        ),
+    ),
+    # Qwen 2 / 2.5: q/k/v biases, tied embeddings, RoPE base 1e6.
+    "qwen": ("Qwen", dict(_GQA, rope_max_wavelength=1000000)),
+    # Qwen 3: q/k norms, explicit head size, tied embeddings.
+    "qwen3": (
+        "Qwen3",
+        dict(_GQA, head_dim=HEAD_DIM, rope_max_wavelength=1000000),
+    ),
+    "qwen_moe": (
+        "QwenMoe",
+        dict(
+            _GQA,
+            moe_intermediate_dim=32,
+            shared_expert_intermediate_dim=64,
+            num_experts=4,
+            top_k=2,
+            rope_max_wavelength=1000000,
+        ),
+    ),
+    "qwen3_moe": (
+        "Qwen3Moe",
+        dict(
+            _GQA,
+            head_dim=HEAD_DIM,
+            moe_intermediate_dim=32,
+            num_experts=4,
+            top_k=2,
+            rope_max_wavelength=1000000,
+        ),
+    ),
+    # Phi-3 (4k-context shape). Pass `**PHI3_SU_ROPE_SCALING` for "su" RoPE.
+    "phi3": (
+        "Phi3",
+        dict(_GQA, max_sequence_length=128, pretraining_sequence_length=128),
+    ),
+    # Falcon (RW-1B shape): multi-head attention with ALiBi.
+    "falcon": (
+        "Falcon",
+        {
+            "num_layers": NUM_LAYERS,
+            "num_attention_heads": NUM_QUERY_HEADS,
+            "hidden_dim": HIDDEN_DIM,
+            "intermediate_dim": INTERMEDIATE_DIM,
+        },
+    ),
+    # Bloom: multi-head attention with ALiBi.
+    "bloom": ("Bloom", dict(_MHA, dropout=0.0)),
+    # GPT-NeoX (Pythia shape): fused QKV, 25% partial rotary, parallel
+    # residual.
+    "gpt_neo_x": (
+        "GPTNeoX",
+        dict(_MHA, max_sequence_length=128, dropout=0.0),
+    ),
+}
+
+
+def _check_family(family):
+    if family not in _SPECS:
+        raise ValueError(
+            f"Unknown family {family!r}. Expected one of {FAMILIES}."
+        )
+
+
+def backbone_config(family, **overrides):
+    """Returns the tiny backbone constructor arguments of a family.
+
+    Args:
+        family: string. One of `FAMILIES`.
+        **overrides: backbone constructor arguments replacing the defaults.
+
+    Returns:
+        A dict of keyword arguments for the family's backbone class, without
+        `vocabulary_size`.
+    """
+    _check_family(family)
+    config = dict(_SPECS[family][1])
+    config.update(overrides)
+    return config
+
+
+def causal_lm_class(family):
+    """Returns the `keras_hub.models.CausalLM` subclass of a family."""
+    _check_family(family)
+    return getattr(keras_hub.models, _SPECS[family][0] + "CausalLM")
+
+
+def backbone_class(family):
+    """Returns the `keras_hub.models.Backbone` subclass of a family."""
+    _check_family(family)
+    return getattr(keras_hub.models, _SPECS[family][0] + "Backbone")
+
+
+def _preprocessor_class(family):
+    if family == "gemma3":
+        # `Gemma3CausalLMPreprocessor` needs TensorFlow (its constructor
+        # asserts it), and a preset saved with it cannot be loaded without
+        # TensorFlow. The generic preprocessor handles text-only Gemma 3.
+        return keras_hub.models.CausalLMPreprocessor
+    return getattr(
+        keras_hub.models, _SPECS[family][0] + "CausalLMPreprocessor"
+    )
+
+
+def build_tiny_causal_lm(
+    family, *, seed=0, dtype=None, sequence_length=64, **overrides
+):
+    """Builds a tiny, randomly initialised CausalLM of a family, offline.
+
+    The model has the family's tokenizer (trained locally), preprocessor,
+    backbone and task classes, and is compiled with the greedy sampler.
+    Text-only Gemma 3 uses the generic
+    `keras_hub.models.CausalLMPreprocessor`, which, unlike
+    `Gemma3CausalLMPreprocessor`, needs no TensorFlow.
+
+    The model is called once eagerly before it is returned, which builds all
+    its layers (Bloom's `AlibiBias` must be built outside of any NNX trace).
+
+    Example:
+
+    ```python
+    causal_lm = build_tiny_causal_lm("gemma2")
+    causal_lm.generate("the quick brown", max_length=16)
+    ```
+
+    Args:
+        family: string. One of `FAMILIES`.
+        seed: int. Seeds Keras' global random state before the weights are
+            initialised (`keras.utils.set_random_seed`), so equal arguments
+            give equal weights.
+        dtype: string or `keras.DTypePolicy`, optional. The backbone's dtype
+            policy, e.g. `"bfloat16"`. Defaults to Keras' global policy.
+        sequence_length: int. The preprocessor's sequence length (the
+            default `max_length` of `generate()`).
+        **overrides: backbone constructor arguments replacing the tiny
+            defaults, e.g. `num_layers=6` or `**PHI3_SU_ROPE_SCALING`.
+
+    Returns:
+        A `keras_hub.models.CausalLM` of the family's class.
+    """
+    _check_family(family)
+    keras.utils.set_random_seed(seed)
+    tokenizer = tokenizers_lib.build_tiny_tokenizer(family)
+    config = backbone_config(family, **overrides)
+    config.setdefault("vocabulary_size", tokenizer.vocabulary_size())
+    if dtype is not None:
+        config["dtype"] = dtype
+    backbone = backbone_class(family)(**config)
+    preprocessor = _preprocessor_class(family)(
+        tokenizer=tokenizer, sequence_length=sequence_length
+    )
+    causal_lm = causal_lm_class(family)(
+        backbone=backbone, preprocessor=preprocessor
+    )
+    causal_lm.compile(sampler="greedy")
+    # Build every layer eagerly.
+    token_ids = np.ones((1, 8), dtype="int32")
+    causal_lm({"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)})
+    return causal_lm
+
+
+def save_tiny_preset(causal_lm, directory):
+    """Saves a CausalLM as a local preset directory.
+
+    This is a plain `causal_lm.save_to_preset(directory)`; the directory
+    stands in for a Kaggle or Hugging Face preset and loads with
+    `keras_hub.models.CausalLM.from_preset(directory)`.
+
+    Args:
+        causal_lm: a `keras_hub.models.CausalLM`.
+        directory: string or path-like. The preset directory to write.
+
+    Returns:
+        The preset directory, as a string.
+    """
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    causal_lm.save_to_preset(directory)
+    return directory

@@ -1,0 +1,147 @@
+"""Quick fine-tuning that makes tiny models' continuations prompt-dependent.
+
+A randomly initialised tiny model tends to repeat one token whatever the
+prompt, so comparing its served output with `generate()` proves little.
+`fine_tune` trains it for a few dozen full-batch steps on `corpus()` until it
+has memorized the sentences; afterwards the greedy continuation of a
+sentence's first words is the rest of that sentence.
+"""
+
+import keras
+import numpy as np
+
+from keras_vllm.testing import data as data_lib
+
+DEFAULT_STEPS = 40
+DEFAULT_LEARNING_RATE = 1e-2
+
+
+def tokenize_corpus(tokenizer, texts=None, sequence_length=None):
+    """Packs texts into next-token training arrays, without a preprocessor.
+
+    Each text becomes `[start] + tokens + [end]` (no start token for
+    families without one, e.g. Qwen), right-padded with the pad id, as
+    `CausalLMPreprocessor` packs them.
+
+    Args:
+        tokenizer: a `keras_hub.tokenizers.Tokenizer`.
+        texts: list of strings, optional. Defaults to `corpus()`.
+        sequence_length: int, optional. The length of the packed inputs.
+            Defaults to the longest packed text rounded up to a multiple of 8.
+            Longer texts are truncated.
+
+    Returns:
+        An `(x, y, sample_weight)` tuple of numpy arrays: `x` is a dict with
+        `"token_ids"` and `"padding_mask"` of shape
+        `(len(texts), sequence_length)`, `y` the next-token ids and
+        `sample_weight` 1 where `y` is a real token.
+    """
+    texts = data_lib.corpus() if texts is None else list(texts)
+    start = getattr(tokenizer, "start_token_id", None)
+    end = tokenizer.end_token_id
+    pad = tokenizer.pad_token_id or 0
+    rows = []
+    for text in texts:
+        ids = [int(i) for i in np.asarray(tokenizer.tokenize(text))]
+        rows.append(([start] if start is not None else []) + ids + [end])
+    if sequence_length is None:
+        longest = max(len(row) for row in rows) - 1
+        sequence_length = -(-longest // 8) * 8
+    packed = np.full((len(rows), sequence_length + 1), pad, dtype="int32")
+    mask = np.zeros((len(rows), sequence_length + 1), dtype=bool)
+    for i, row in enumerate(rows):
+        row = row[: sequence_length + 1]
+        packed[i, : len(row)] = row
+        mask[i, : len(row)] = True
+    x = {"token_ids": packed[:, :-1], "padding_mask": mask[:, :-1]}
+    return x, packed[:, 1:], mask[:, 1:].astype("float32")
+
+
+def fine_tune(
+    causal_lm,
+    *,
+    steps=DEFAULT_STEPS,
+    seed=0,
+    learning_rate=DEFAULT_LEARNING_RATE,
+    texts=None,
+):
+    """Trains a CausalLM on token ids of `corpus()` for a few steps.
+
+    Training uses full batches of token ids, so it needs neither TensorFlow
+    nor grain: it calls `keras.Model.fit` directly, bypassing KerasHub's
+    string preprocessing. The model is compiled with Adam at a high learning
+    rate for training and afterwards recompiled for generation with its
+    previous sampler (and KerasHub's default optimizer).
+
+    Args:
+        causal_lm: a `keras_hub.models.CausalLM` with a preprocessor (its
+            tokenizer packs the texts).
+        steps: int. The number of optimizer steps (full batches).
+        seed: int. Seeds Keras' global random state before training, so
+            equal models and arguments give equal weights.
+        learning_rate: float. Adam's learning rate.
+        texts: list of strings, optional. Defaults to `corpus()`.
+
+    Returns:
+        A list of the `steps` training losses, one per step.
+    """
+    tokenizer = causal_lm.preprocessor.tokenizer
+    x, y, sample_weight = tokenize_corpus(tokenizer, texts)
+    sampler = causal_lm.sampler
+    keras.utils.set_random_seed(seed)
+    causal_lm.compile(
+        optimizer=keras.optimizers.Adam(learning_rate),
+        weighted_metrics=[],
+        sampler=sampler,
+    )
+    # `CausalLM.fit` would route the arrays through the preprocessor and a
+    # tf.data/grain pipeline; Keras' own `fit` takes the arrays as they are.
+    history = keras.Model.fit(
+        causal_lm,
+        x=x,
+        y=y,
+        sample_weight=sample_weight,
+        batch_size=len(y),
+        epochs=steps,
+        shuffle=False,
+        verbose=0,
+    )
+    causal_lm.compile(sampler=sampler)
+    return [float(loss) for loss in history.history["loss"]]
+
+
+def greedy_continuations(causal_lm, prompts=None, max_length=32):
+    """Returns the generated continuations of prompts.
+
+    Args:
+        causal_lm: a `keras_hub.models.CausalLM` with a preprocessor,
+            compiled with the sampler to use (e.g. `"greedy"`).
+        prompts: list of strings, optional. Defaults to `prompts()`.
+        max_length: int. The maximum length of prompt plus continuation, in
+            tokens.
+
+    Returns:
+        A list of strings: each prompt's continuation, prompt stripped.
+    """
+    prompts = data_lib.prompts() if prompts is None else list(prompts)
+    outputs = causal_lm.generate(
+        prompts, max_length=max_length, strip_prompt=True
+    )
+    return list(outputs)
+
+
+def distinct_continuations(causal_lm, prompts=None, max_length=32):
+    """Counts the distinct continuations of prompts.
+
+    A model whose output ignores the prompt gives 1.
+
+    Args:
+        causal_lm: a `keras_hub.models.CausalLM` with a preprocessor.
+        prompts: list of strings, optional. Defaults to `prompts()`.
+        max_length: int. The maximum length of prompt plus continuation, in
+            tokens.
+
+    Returns:
+        The number of distinct continuations, an int.
+    """
+    return len(set(greedy_continuations(causal_lm, prompts, max_length)))

@@ -1,0 +1,122 @@
+"""Weights keyed by Keras `Variable.path`, stored with orbax-checkpoint.
+
+Keras paths (`transformer_layer_0/self_attention/query/kernel`) are stable
+across processes and NNX on/off, unlike NNX state paths, so they are the
+interchange key. In the orbax tree they are nested by `/`.
+"""
+
+import numpy as np
+
+from keras_vllm.errors import ArtifactError
+
+
+def _lora_merged_kernels(backbone):
+    """Maps `id(kernel variable)` to its LoRA-merged value, for LoRA layers."""
+    merged = {}
+    for layer in backbone._flatten_layers(include_self=False, recursive=True):
+        if getattr(layer, "lora_enabled", False):
+            # The `kernel` property returns `kernel + alpha/rank * A @ B`.
+            merged[id(layer._kernel)] = layer.kernel
+    return merged
+
+
+def _is_lora_factor(variable):
+    return variable.path.rsplit("/", 1)[-1] in ("lora_kernel_a", "lora_kernel_b")
+
+
+def backbone_weights(backbone):
+    """Returns `{variable.path: numpy array}` with LoRA adapters merged.
+
+    LoRA factors are folded into their kernels (as keras-hub's own
+    `save_to_preset` does) so the result loads into the plain backbone.
+    """
+    merged = _lora_merged_kernels(backbone)
+    weights = {}
+    for variable in backbone.weights:
+        if _is_lora_factor(variable):
+            continue
+        value = merged.get(id(variable), variable.value)
+        if variable.path in weights:
+            raise ArtifactError(f"Duplicate variable path '{variable.path}'.")
+        weights[variable.path] = np.asarray(value)
+    return weights
+
+
+def _nest(flat):
+    tree = {}
+    for path, value in flat.items():
+        node = tree
+        parts = path.split("/")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return tree
+
+
+def _flatten(tree, prefix=""):
+    flat = {}
+    for key, value in tree.items():
+        path = f"{prefix}/{key}" if prefix else key
+        if isinstance(value, dict):
+            flat.update(_flatten(value, path))
+        else:
+            flat[path] = value
+    return flat
+
+
+def save_weights(directory, weights):
+    """Writes `{path: array}` as an orbax checkpoint at `directory`."""
+    import orbax.checkpoint as ocp
+
+    checkpointer = ocp.PyTreeCheckpointer()
+    checkpointer.save(directory, _nest(weights))
+
+
+def restore_weights(directory, specs):
+    """Reads the weights listed in `specs` from an orbax checkpoint.
+
+    Args:
+        directory: the checkpoint directory.
+        specs: `{path: (shape, dtype)}` validated against the backbone.
+
+    Returns:
+        `{path: numpy array}`.
+    """
+    import jax
+    import orbax.checkpoint as ocp
+
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    target = {
+        path: jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+        for path, (shape, dtype) in specs.items()
+    }
+    checkpointer = ocp.PyTreeCheckpointer()
+    try:
+        restored = checkpointer.restore(
+            directory,
+            item=_nest(target),
+            restore_args=_nest(
+                {
+                    p: ocp.ArrayRestoreArgs(sharding=sharding, dtype=t.dtype)
+                    for p, t in target.items()
+                }
+            ),
+        )
+    except Exception as e:  # orbax/tensorstore raise many types
+        raise ArtifactError(
+            f"The weights checkpoint could not be read ({type(e).__name__}: "
+            f"{str(e)[:300]}). The artifact is damaged; re-export it."
+        ) from None
+    flat = _flatten(restored)
+    result = {}
+    for path, (shape, dtype) in specs.items():
+        if path not in flat:
+            raise ArtifactError(f"Weights checkpoint lacks variable '{path}'.")
+        array = np.asarray(flat[path])
+        if tuple(array.shape) != tuple(shape):
+            raise ArtifactError(
+                f"Variable '{path}' has shape {array.shape} in the "
+                f"checkpoint, the manifest records {tuple(shape)}."
+            )
+        result[path] = array
+    return result
