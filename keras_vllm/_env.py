@@ -1,16 +1,26 @@
 """Process-wide settings every keras-vllm entry point needs.
 
 Imported first by `keras_vllm/__init__.py`, before keras is imported: Keras
-picks its backend and NNX mode once, at import time.
+picks its backend and NNX mode once, at import time. Nothing here starts
+JAX (vLLM forks after plugins load, and a JAX runtime started before a fork
+aborts the child).
 """
 
 import os
 
 
 def configure_environment():
-    """Sets the JAX backend and NNX mode unless the user chose otherwise."""
+    """Sets the JAX backend and NNX mode unless the user chose otherwise.
+
+    On a host without a TPU it also pins JAX to CPU devices, so that an
+    installed libtpu does not probe for absent hardware on every start.
+    """
     os.environ.setdefault("KERAS_BACKEND", "jax")
     os.environ.setdefault("KERAS_NNX_ENABLED", "true")
+    from keras_vllm.cpu.detect import is_cpu_host
+
+    if is_cpu_host():
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 configure_environment()

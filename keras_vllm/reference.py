@@ -17,7 +17,7 @@ def prompt_token_ids(causal_lm, text):
     """
     preprocessor = causal_lm.preprocessor
     tokenizer = preprocessor.tokenizer
-    ids = [int(i) for i in np.asarray(tokenizer(text)).reshape(-1)]
+    ids = [int(i) for i in np.asarray(tokenizer.tokenize(text)).reshape(-1)]
     start = getattr(tokenizer, "start_token_id", None)
     if getattr(preprocessor, "add_start_token", False) and start is not None:
         ids = [int(start)] + ids

@@ -90,33 +90,32 @@ def _ours(args, head_dim, jit=False, **kwargs):
     return fn(*args, **kwargs)
 
 
-# (q_len, kv_len) per sequence: decodes first, then prefills (q == kv), then
-# chunked-prefill continuations (q < kv). Sizes cross page and Q/KV block
-# boundaries.
+# (q_len, kv_len) per sequence: decodes first, then a prefill (q == kv), then a
+# chunked-prefill continuation (q < kv). Sizes cross page and Q/KV block
+# boundaries. The eager reference compiles one op per new shape, so the cases
+# below reuse these sequences to keep the module fast.
 BATCHES = {
-    "decode": [(1, 1), (1, 9), (1, 17), (1, 48)],
-    "prefill": [(13, 13), (1, 1), (20, 20)],
-    "mixed": [(1, 5), (1, 33), (16, 16), (7, 30), (3, 48)],
+    "mixed": [(1, 9), (1, 30), (13, 13), (7, 30)],
+    "decode": [(1, 9), (1, 30), (1, 1)],
+    "prefill": [(13, 13), (1, 1)],
 }
 
 CASES = [
     # (batch, num_q_heads, num_kv_heads, head_dim, sliding_window, soft_cap)
-    ("mixed", 4, 2, 16, None, None),
-    ("mixed", 4, 4, 32, None, None),
-    ("decode", 8, 2, 32, None, 30.0),
-    ("prefill", 4, 1, 128, None, None),
-    ("mixed", 6, 2, 128, 7, None),
+    ("mixed", 4, 2, 32, None, None),
     ("mixed", 4, 2, 32, 5, 20.0),
+    ("mixed", 4, 2, 32, 1, None),
+    ("decode", 4, 2, 32, None, 30.0),
+    ("mixed", 4, 4, 16, None, None),
+    ("prefill", 8, 2, 128, 7, None),
     ("mixed", 4, 2, 64, None, None),
-    ("decode", 4, 1, 64, None, 25.0),
-    ("prefill", 8, 4, 64, 6, None),
-    ("mixed", 3, 3, 16, 1, None),
+    ("mixed", 4, 2, 64, 6, 25.0),
 ]
 
 
 @pytest.mark.parametrize("batch,hq,hkv,head_dim,window,soft_cap", CASES)
 def test_matches_reference(batch, hq, hkv, head_dim, window, soft_cap):
-    rng = np.random.default_rng(hash((batch, hq, hkv, head_dim)) % 2**32)
+    rng = np.random.default_rng(head_dim * 100 + hq * 10 + hkv)
     args, total = _make_batch(rng, BATCHES[batch], hq, hkv, head_dim)
     kwargs = dict(sm_scale=head_dim**-0.5, sliding_window=window,
                   soft_cap=soft_cap)
@@ -130,20 +129,14 @@ def test_matches_reference(batch, hq, hkv, head_dim, window, soft_cap):
     np.testing.assert_array_equal(out[total:], 0.0)
 
 
-def test_eager_equals_jit_and_cost_scales_with_live_tokens():
+def test_trip_counts_are_data_dependent():
+    # Cost follows the live tokens: the jitted program loops (while) over the
+    # live sequences, their query blocks and the KV blocks they can see; it
+    # does not gather every token's whole context.
     rng = np.random.default_rng(0)
-    args, total = _make_batch(rng, BATCHES["mixed"], 4, 2, 32)
-    kwargs = dict(sm_scale=0.3, sliding_window=None, soft_cap=None)
-    eager_out, eager_cache = _ours(args, 32, **kwargs)
-    jit_out, jit_cache = _ours(args, 32, jit=True, **kwargs)
-    np.testing.assert_allclose(eager_out, jit_out, rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(eager_cache, jit_cache)
-    # The trip counts are data dependent: the jitted program contains
-    # while loops, not a fully unrolled / materialised context.
-    hlo = jax.jit(cpu_rpa.ragged_paged_attention,
-                  static_argnames=tuple(kwargs)).lower(
-                      *args, **kwargs).as_text()
-    assert "while" in hlo
+    args, _ = _make_batch(rng, BATCHES["mixed"], 4, 2, 32)
+    hlo = jax.jit(cpu_rpa.ragged_paged_attention).lower(*args).as_text()
+    assert hlo.count("stablehlo.while") >= 3
 
 
 def test_attention_sink_hd64():
@@ -175,7 +168,7 @@ def test_bfloat16_cache_packing():
 
 def test_no_causal_mask_sees_whole_sequence():
     rng = np.random.default_rng(3)
-    args, total = _make_batch(rng, BATCHES["prefill"], 4, 2, 32)
+    args, total = _make_batch(rng, BATCHES["mixed"], 4, 2, 32)
     kwargs = dict(sm_scale=0.2, use_causal_mask=False)
     ref_out, ref_cache = _reference(args, 32, **kwargs)
     out, cache = _ours(args, 32, jit=True, **kwargs)

@@ -262,11 +262,12 @@ def _rpa(queries, keys, values, kv_cache, kv_lens, page_indices, cu_q_lens,
     q = jnp.pad(q, ((0, _Q_BLOCK), (0, 0), (0, 0), (0, 0)))
     out = jnp.zeros_like(q)
 
-    logit_scale = float(sm_scale)
+    # Scales may be Python floats or traced scalars; keep them symbolic.
+    logit_scale = sm_scale
     if k_scale is not None:
-        logit_scale *= float(k_scale)
+        logit_scale = logit_scale * k_scale
     if q_scale is not None:
-        logit_scale *= float(q_scale)
+        logit_scale = logit_scale * q_scale
 
     if attention_sink is not None:
         sink = attention_sink.astype(jnp.float32).reshape(

@@ -155,7 +155,7 @@ def _tokenizer_section(tokenizer, directory):
     digest.update(json.dumps(section["config"], sort_keys=True).encode())
     probes = []
     for text in TOKENIZER_PROBES:
-        ids = [int(i) for i in np.asarray(tokenizer(text)).reshape(-1)]
+        ids = [int(i) for i in np.asarray(tokenizer.tokenize(text)).reshape(-1)]
         probes.append(
             {"text": text, "ids": ids, "decoded": tokenizer.detokenize(ids)}
         )
@@ -210,6 +210,7 @@ def export_vllm(
     golden_max_new_tokens=16,
     max_sequence_length=None,
     chat_template=None,
+    allow_unservable=False,
 ):
     """Exports a KerasHub `CausalLM` as a keras-vllm artifact directory.
 
@@ -236,6 +237,9 @@ def export_vllm(
             backbone's declared maximum, else the preprocessor's length.
         chat_template: a Jinja chat template (text, or a path to a file)
             stored for `/v1/chat/completions`.
+        allow_unservable: export a backbone whose attention keras-vllm
+            cannot serve on vLLM (for Keras-side use only). By default such
+            a model is refused, naming the attention class.
 
     Returns:
         The absolute path of the artifact.
@@ -275,8 +279,20 @@ def export_vllm(
         )
     stop_ids = reference.default_stop_token_ids(tokenizer)
     max_len = _max_sequence_length(causal_lm, max_sequence_length)
-    # Fails early (before any file is written) for unservable backbones.
-    config = vllm_files.vllm_config(backbone, dtype, max_len, stop_ids, tokenizer)
+    # The conformance gate: fails before any file is written when an
+    # attention layer has no paged subclass.
+    try:
+        config = vllm_files.vllm_config(
+            backbone, dtype, max_len, stop_ids, tokenizer
+        )
+        unservable = None
+    except UnsupportedModelError as e:
+        if not allow_unservable:
+            raise UnsupportedModelError(
+                f"{e} To export it for Keras-side use only, pass "
+                "`allow_unservable=True`."
+            ) from None
+        config, unservable = None, str(e)
 
     logger.info("keras-vllm: collecting weights")
     all_weights = weight_io.backbone_weights(backbone)
@@ -306,7 +322,10 @@ def export_vllm(
             weight_io.save_weights(
                 os.path.join(tmp, artifact.WEIGHTS_DIR), stored
             )
-        artifact.write_json(os.path.join(tmp, artifact.CONFIG_FILE), config)
+        if config is not None:
+            artifact.write_json(
+                os.path.join(tmp, artifact.CONFIG_FILE), config
+            )
         sampler = sections["sampler"]
         gen_config, sampler_mapped = vllm_files.generation_config(
             sampler["registered_name"], sampler["config"], stop_ids, tokenizer
@@ -339,6 +358,8 @@ def export_vllm(
             "stop_token_ids": stop_ids,
             "max_sequence_length": max_len,
             "sampler_in_vllm": sampler_mapped,
+            "servable": unservable is None,
+            "unservable_reason": unservable,
             "parameter_count": int(backbone.count_params()),
             "weights": {
                 "mode": mode,

@@ -27,8 +27,9 @@ class KVCacheSpec:
 class PagedAttention:
     """Mixin of every paged attention subclass.
 
-    A subclass lists the KerasHub class second
-    (`class PagedX(PagedAttention, X)`) and implements:
+    A subclass lists the KerasHub class first
+    (`class PagedX(X, PagedAttention)`: with the mixin first, CPython
+    refuses to re-class an existing instance) and implements:
 
     - `kv_cache_spec(self) -> KVCacheSpec`;
     - `call(...)` with the parent's signature: project with the parent's
@@ -39,6 +40,9 @@ class PagedAttention:
     when the layer is swapped in, not by call order.
     """
 
+    # No slots of its own, so that re-classing a KerasHub layer instance as
+    # `class PagedX(X, PagedAttention)` keeps the same object layout.
+    __slots__ = ()
     _is_paged_layer = True
     _owns_kv_cache = True
 
@@ -46,8 +50,12 @@ class PagedAttention:
         raise NotImplementedError
 
     def serving_positions(self):
-        """vLLM's token positions as a `[T, 1]` int32 tensor, the shape
-        KerasHub's rotary layers take as `positions=` for a batch of one."""
+        """vLLM's token positions as a `[T, 1]` int32 tensor.
+
+        The model class feeds vLLM's flat batch of T tokens as T sequences
+        of length one (so no `T x T` mask is ever built); this is the shape
+        KerasHub's rotary layers take as `positions=` for that layout.
+        """
         return ops.reshape(require_context(self).positions, (-1, 1))
 
     def paged_attend(
@@ -56,15 +64,15 @@ class PagedAttention:
         """Attends over vLLM's paged KV cache for this layer.
 
         Args:
-            query: `[1, T, num_query_heads, head_dim]`.
-            key: `[1, T, num_kv_heads, head_dim]` (positions already applied).
-            value: `[1, T, num_kv_heads, head_dim]`.
+            query: `[T, 1, num_query_heads, head_dim]`.
+            key: `[T, 1, num_kv_heads, head_dim]` (positions already applied).
+            value: `[T, 1, num_kv_heads, head_dim]`.
             sm_scale: softmax scale applied to `q @ k`.
             sliding_window: window in tokens (`q_pos - k_pos < window`).
             soft_cap: attention logit soft cap (`cap * tanh(x / cap)`).
 
         Returns:
-            `[1, T, num_query_heads, head_dim]` in the query's dtype.
+            `[T, 1, num_query_heads, head_dim]` in the query's dtype.
         """
         from keras_vllm.layers.paged_attention import paged_attention
 
@@ -72,9 +80,9 @@ class PagedAttention:
         index = self.kv_cache_index
         new_cache, out = paged_attention(
             context.read_cache(index),
-            query[0],
-            key[0],
-            value[0],
+            query[:, 0],
+            key[:, 0],
+            value[:, 0],
             context.attention_metadata,
             sm_scale=float(sm_scale),
             sliding_window=sliding_window,
@@ -82,12 +90,13 @@ class PagedAttention:
             mesh=context.mesh,
         )
         context.write_cache(index, new_cache)
-        return ops.cast(out[None, ...], query.dtype)
+        return ops.cast(out[:, None], query.dtype)
 
 
 class PagedPositionLayer:
     """Mixin of paged subclasses that read vLLM's positions but own no cache."""
 
+    __slots__ = ()
     _is_paged_layer = True
     _owns_kv_cache = False
 

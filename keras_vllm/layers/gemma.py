@@ -17,21 +17,22 @@ from keras_vllm.layers.base import PagedAttention
 from keras_vllm.layers.registry import register_paged
 
 
-@register_paged(CachedGemmaAttention)
-class PagedGemmaAttention(PagedAttention, CachedGemmaAttention):
-    """`CachedGemmaAttention` over vLLM's paged KV cache."""
+def _sliding_window(layer):
+    if layer.use_sliding_window_attention:
+        return int(layer.sliding_window_size)
+    return None
 
-    def _sliding_window(self):
-        if self.use_sliding_window_attention:
-            return int(self.sliding_window_size)
-        return None
+
+@register_paged(CachedGemmaAttention)
+class PagedGemmaAttention(CachedGemmaAttention, PagedAttention):
+    """`CachedGemmaAttention` over vLLM's paged KV cache."""
 
     def kv_cache_spec(self):
         return KVCacheSpec(
             num_query_heads=self.num_query_heads,
             num_kv_heads=self.num_key_value_heads,
             head_dim=self.head_dim,
-            sliding_window=self._sliding_window(),
+            sliding_window=_sliding_window(self),
         )
 
     def call(
@@ -55,7 +56,7 @@ class PagedGemmaAttention(PagedAttention, CachedGemmaAttention):
             key,
             value,
             sm_scale=scale,
-            sliding_window=self._sliding_window(),
+            sliding_window=_sliding_window(self),
             soft_cap=self.logit_soft_cap,
         )
         out = self.output_dense(out)

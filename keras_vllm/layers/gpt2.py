@@ -20,7 +20,7 @@ from keras_vllm.layers.registry import register_paged
 
 
 @register_paged(CachedMultiHeadAttention)
-class PagedCachedMultiHeadAttention(PagedAttention, CachedMultiHeadAttention):
+class PagedCachedMultiHeadAttention(CachedMultiHeadAttention, PagedAttention):
     """`CachedMultiHeadAttention` (decoder self-attention) over vLLM's cache."""
 
     def kv_cache_spec(self):
@@ -57,10 +57,11 @@ class PagedCachedMultiHeadAttention(PagedAttention, CachedMultiHeadAttention):
 
 
 @register_paged(PositionEmbedding)
-class PagedPositionEmbedding(PagedPositionLayer, PositionEmbedding):
+class PagedPositionEmbedding(PositionEmbedding, PagedPositionLayer):
     """`PositionEmbedding` that embeds vLLM's per-token positions."""
 
     def call(self, inputs, start_index=0, positions=None):
         table = ops.convert_to_tensor(self.position_embeddings)
+        # Tokens arrive as T sequences of one token: `inputs` is [T, 1, D].
         embedded = ops.take(table, self.serving_positions(), axis=0)
-        return ops.broadcast_to(embedded[None, ...], ops.shape(inputs))
+        return ops.reshape(embedded, ops.shape(inputs))

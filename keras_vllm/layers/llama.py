@@ -13,7 +13,7 @@ from keras_vllm.layers.registry import register_paged
 
 
 @register_paged(LlamaAttention)
-class PagedLlamaAttention(PagedAttention, LlamaAttention):
+class PagedLlamaAttention(LlamaAttention, PagedAttention):
     """`LlamaAttention` over vLLM's paged KV cache."""
 
     def kv_cache_spec(self):

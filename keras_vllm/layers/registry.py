@@ -38,7 +38,7 @@ def register_paged(base_cls):
 
     ```python
     @register_paged(keras_hub.src.models.llama.llama_attention.LlamaAttention)
-    class PagedLlamaAttention(PagedAttention, LlamaAttention):
+    class PagedLlamaAttention(LlamaAttention, PagedAttention):
         ...
     ```
     """

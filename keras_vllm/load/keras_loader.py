@@ -148,7 +148,10 @@ def load_tokenizer(path, manifest=None):
             f"{str(e)[:200]})."
         ) from None
     for probe in section.get("golden", []):
-        ids = [int(i) for i in np.asarray(tokenizer(probe["text"])).reshape(-1)]
+        # `tokenize`, not `tokenizer(...)`: a Keras layer call would start
+        # JAX, and vLLM loads the tokenizer in its parent process before it
+        # forks the engine.
+        ids = [int(i) for i in np.asarray(tokenizer.tokenize(probe["text"]))]
         if ids != probe["ids"]:
             raise IntegrityError(
                 "The tokenizer does not reproduce the token ids recorded at "

@@ -14,9 +14,15 @@ trained on the spot from `keras_vllm.testing.data`:
   `detokenize(tokenize(x)) == x`. Gemma models use no dummy prefix, like the
   real Gemma vocabularies.
 
-Every family's required special tokens are in the vocabulary, ahead of the
-learned entries (so id 0, the hard-coded pad id of many families, is a
-special token). Training is deterministic and cached per process.
+Every family's required special tokens are in the vocabulary. As in the real
+vocabularies, BPE special tokens come after the learned entries (GPT-2,
+Llama 3, Qwen, ...) or first (OPT, Bloom). Either way the hard-coded pad id 0
+of GPT-2, Llama 3, Qwen, Falcon and GPT-NeoX is an ordinary token, never a
+stop token: KerasHub's sampler stops before the first step when the padding
+after a prompt holds a stop token id (pad id == end id), and `generate()`
+then returns the bare prompt.
+
+Training is deterministic and cached per process.
 """
 
 import functools
@@ -29,10 +35,11 @@ from keras_vllm.testing import data as data_lib
 
 # Default vocabulary sizes. SentencePiece with byte fallback needs more than
 # 256 byte pieces + the corpus characters + the meta pieces.
-BPE_VOCABULARY_SIZE = 384
+BPE_VOCABULARY_SIZE = 512
 SENTENCE_PIECE_VOCABULARY_SIZE = 384
 
 # Special tokens each byte-level BPE family's tokenizer requires, in id order.
+# They follow the learned vocabulary except for `BPE_SPECIAL_TOKENS_FIRST`.
 BPE_SPECIAL_TOKENS = {
     "gpt2": ("<|endoftext|>",),
     "opt": ("<pad>", "</s>"),
@@ -51,6 +58,10 @@ BPE_SPECIAL_TOKENS = {
     "bloom": ("<unk>", "<s>", "</s>", "<pad>"),
     "gpt_neo_x": ("<|endoftext|>",),
 }
+
+# Families whose real vocabularies start with their special tokens. Their
+# pad token is a special token looked up in the vocabulary.
+BPE_SPECIAL_TOKENS_FIRST = ("opt", "bloom")
 
 # SentencePiece layouts: the ids and pieces of the meta tokens, and the
 # user-defined symbols (extra special tokens) of each family.
@@ -128,7 +139,7 @@ _TOKENIZERS = {
 
 
 @functools.lru_cache(maxsize=None)
-def _train_byte_pair_cached(special_tokens, vocabulary_size):
+def _train_byte_pair_cached(special_tokens, vocabulary_size, specials_first):
     from tokenizers import Tokenizer
     from tokenizers import decoders
     from tokenizers import models
@@ -148,7 +159,12 @@ def _train_byte_pair_cached(special_tokens, vocabulary_size):
         data_lib.tokenizer_training_text(), trainer=trainer
     )
     model = json.loads(tokenizer.to_str())["model"]
-    vocabulary = tuple(sorted(model["vocab"].items(), key=lambda kv: kv[1]))
+    # The trainer puts the special tokens first. Ids are free to permute:
+    # merges refer to token strings, not ids.
+    tokens = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])]
+    if not specials_first:
+        tokens = tokens[len(special_tokens) :] + tokens[: len(special_tokens)]
+    vocabulary = tuple((token, i) for i, token in enumerate(tokens))
     merges = tuple(
         merge if isinstance(merge, str) else " ".join(merge)
         for merge in model["merges"]
@@ -156,14 +172,20 @@ def _train_byte_pair_cached(special_tokens, vocabulary_size):
     return vocabulary, merges
 
 
-def train_byte_pair(special_tokens, vocabulary_size=BPE_VOCABULARY_SIZE):
+def train_byte_pair(
+    special_tokens,
+    vocabulary_size=BPE_VOCABULARY_SIZE,
+    special_tokens_first=False,
+):
     """Trains a tiny byte-level BPE on the fixture corpus.
 
     Args:
-        special_tokens: sequence of strings. Special tokens, given ids
-            `0..len(special_tokens) - 1` in this order.
+        special_tokens: sequence of strings. Special tokens, given
+            consecutive ids in this order.
         vocabulary_size: int. The target vocabulary size, special tokens and
             the 256 byte-level symbols included.
+        special_tokens_first: bool. Whether the special tokens take the first
+            ids (`0..len(special_tokens) - 1`) rather than the last ones.
 
     Returns:
         A `(vocabulary, merges)` tuple as `keras_hub.tokenizers.
@@ -171,7 +193,7 @@ def train_byte_pair(special_tokens, vocabulary_size=BPE_VOCABULARY_SIZE):
         token to id and `merges` a fresh `list` of `"a b"` strings.
     """
     vocabulary, merges = _train_byte_pair_cached(
-        tuple(special_tokens), int(vocabulary_size)
+        tuple(special_tokens), int(vocabulary_size), bool(special_tokens_first)
     )
     return dict(vocabulary), list(merges)
 
@@ -254,7 +276,11 @@ def build_tiny_tokenizer(family, vocabulary_size=None):
     cls = getattr(keras_hub.models, class_name)
     if kind == "bpe":
         size = vocabulary_size or BPE_VOCABULARY_SIZE
-        vocabulary, merges = train_byte_pair(BPE_SPECIAL_TOKENS[layout], size)
+        vocabulary, merges = train_byte_pair(
+            BPE_SPECIAL_TOKENS[layout],
+            size,
+            special_tokens_first=layout in BPE_SPECIAL_TOKENS_FIRST,
+        )
         return cls(vocabulary=vocabulary, merges=merges)
     size = vocabulary_size or SENTENCE_PIECE_VOCABULARY_SIZE
     return cls(proto=train_sentence_piece(layout, size))

@@ -12,7 +12,7 @@ import numpy as np
 
 from keras_vllm.testing import data as data_lib
 
-DEFAULT_STEPS = 40
+DEFAULT_STEPS = 100
 DEFAULT_LEARNING_RATE = 1e-2
 
 
@@ -124,10 +124,13 @@ def greedy_continuations(causal_lm, prompts=None, max_length=32):
         A list of strings: each prompt's continuation, prompt stripped.
     """
     prompts = data_lib.prompts() if prompts is None else list(prompts)
-    outputs = causal_lm.generate(
-        prompts, max_length=max_length, strip_prompt=True
-    )
-    return list(outputs)
+    # Not `strip_prompt=True`: some tasks' `generate()` (e.g. Phi-3's) lack
+    # the argument.
+    outputs = causal_lm.generate(prompts, max_length=max_length)
+    return [
+        output[len(prompt) :] if output.startswith(prompt) else output
+        for prompt, output in zip(prompts, outputs)
+    ]
 
 
 def distinct_continuations(causal_lm, prompts=None, max_length=32):

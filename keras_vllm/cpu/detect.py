@@ -1,0 +1,126 @@
+"""Decides whether vLLM should serve on JAX CPU devices, without touching JAX.
+
+vLLM's default engine mode forks an EngineCore process. If JAX has started a
+backend (even just `jax.devices()`) in the parent before that fork, the child
+aborts (`mutex.cc ... Check w->waitp->cv_word == nullptr failed`). So this
+module only reads environment variables and device files.
+
+Signals, in order (the first that applies wins):
+
+1. `KERAS_VLLM_DEVICE=cpu|tpu`: explicit override.
+2. `JAX_PLATFORMS`: exactly `cpu` means JAX will only ever see CPU devices,
+   so the CPU backend is the only option; a value naming `tpu` or `proxy`
+   (Pathways) means the user wants the TPU.
+3. `VLLM_TPU_USING_PATHWAYS` set: the TPUs are remote (Pathways), so nothing
+   is visible locally but it is still a TPU deployment.
+4. Local TPU hardware: a PCI device with Google's vendor id `0x1ae0` and a
+   known TPU device id under `/sys/bus/pci/devices` (the same table
+   `tpu_info.device` uses; Google's gVNIC NIC shares the vendor id, hence the
+   device-id check), or a `/dev/accel<N>` node (the TPU v2-v4 driver; the
+   kernel's generic accel subsystem uses the directory `/dev/accel/`, which
+   is not matched).
+5. `TPU_ACCELERATOR_TYPE` set: Cloud TPU VMs and GKE TPU pods export it, and
+   containers may hide `/sys`.
+6. Otherwise: CPU.
+"""
+
+import glob
+import logging
+import os
+import re
+
+logger = logging.getLogger("keras_vllm")
+
+# `KERAS_VLLM_DEVICE` values.
+DEVICE_ENV = "KERAS_VLLM_DEVICE"
+_CPU, _TPU = "cpu", "tpu"
+
+# vLLM's class path of tpu-inference's platform (vllm-tpu 0.32.0).
+TPU_PLATFORM_CLASS = "tpu_inference.platforms.tpu_platform.TpuPlatform"
+
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+# PCI device ids of TPU chips (v2/v3 share 0x0027), from tpu_info.device.
+_TPU_PCI_DEVICES = {"0x0027", "0x005e", "0x0062", "0x0063", "0x006f",
+                    "0x0076"}
+
+
+def is_cpu_host():
+    """Whether keras-vllm should run vLLM's TPU backend on JAX CPU devices.
+
+    Never initializes JAX (see the module docstring for the signals used).
+
+    Returns:
+        True when no TPU is usable here (or `KERAS_VLLM_DEVICE=cpu`).
+
+    Raises:
+        ValueError: `KERAS_VLLM_DEVICE` is set to something other than
+            `cpu`, `tpu` or empty.
+    """
+    forced = os.environ.get(DEVICE_ENV, "").strip().lower()
+    if forced in (_CPU, _TPU):
+        return forced == _CPU
+    if forced:
+        raise ValueError(
+            f"{DEVICE_ENV}={os.environ[DEVICE_ENV]!r} is not valid; use "
+            f"'{_CPU}', '{_TPU}', or leave it unset to detect the device.")
+
+    jax_platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    if jax_platforms == _CPU:
+        return True
+    if re.search(r"\b(tpu|proxy)\b", jax_platforms):
+        return False
+    if os.environ.get("VLLM_TPU_USING_PATHWAYS", "").strip().lower() not in (
+            "", "0", "false"):
+        return False
+    if _has_local_tpu():
+        return False
+    if os.environ.get("TPU_ACCELERATOR_TYPE"):
+        return False
+    return True
+
+
+def _has_local_tpu():
+    """Whether TPU chips are attached to this machine (PCI or /dev/accelN)."""
+    for device in glob.glob("/sys/bus/pci/devices/*"):
+        try:
+            with open(os.path.join(device, "vendor")) as f:
+                if f.read().strip() != _GOOGLE_PCI_VENDOR:
+                    continue
+            with open(os.path.join(device, "device")) as f:
+                if f.read().strip() in _TPU_PCI_DEVICES:
+                    return True
+        except OSError:
+            continue
+    return any(
+        re.fullmatch(r"/dev/accel\d+", path)
+        for path in glob.glob("/dev/accel*"))
+
+
+def platform_class_path():
+    """The vLLM platform to use on this host, for a `vllm.platform_plugins`
+    entry point.
+
+    On a CPU host it selects tpu-inference's `TpuPlatform` (vLLM would
+    otherwise pick it only when `import libtpu` works, and JAX would then try
+    to initialize libtpu) and sets `JAX_PLATFORMS=cpu` unless the user set
+    it (an empty value counts as unset). It logs one line saying the CPU
+    backend is active.
+
+    Returns:
+        `"tpu_inference.platforms.tpu_platform.TpuPlatform"` on a CPU host;
+        None on a TPU host, so vLLM's own TPU detection runs.
+    """
+    if not is_cpu_host():
+        return None
+    # An empty JAX_PLATFORMS means "auto" to JAX, which would try libtpu
+    # (installed with tpu-inference) first; treat it like unset.
+    if not os.environ.get("JAX_PLATFORMS"):
+        os.environ["JAX_PLATFORMS"] = _CPU
+    # WARNING level: the line must be visible without logging configuration
+    # (vLLM only configures its own "vllm" logger), and CPU serving is a
+    # test/development mode, not a production one.
+    logger.warning(
+        "keras-vllm: no TPU found (or %s=cpu); serving with tpu-inference on "
+        "JAX CPU devices (JAX_PLATFORMS=%s).", DEVICE_ENV,
+        os.environ["JAX_PLATFORMS"])
+    return TPU_PLATFORM_CLASS

@@ -1,0 +1,427 @@
+"""Run-time patches that let vllm-tpu 0.32.0 + tpu-inference 0.32.0 serve on
+JAX CPU devices.
+
+Neither package has a CPU mode. Without these patches an engine on a CPU-only
+host fails, in this order (tpu-inference 0.32.0, jax 0.11.2):
+
+1. `tpu_worker.init_device` -> `utils.hbm_usage_bytes`: CPU devices report no
+   `memory_stats()`, and the fallback asks `get_device_hbm_limit()`, which
+   raises `RuntimeError: Expected TPU devices`. `TpuPlatform.mem_get_info`
+   subscripts `memory_stats()` (None on CPU).
+2. `tpu_runner._create_2d_mesh` -> `utils.make_optimized_mesh` sorts devices
+   by `.coords`, a TPU-only attribute (`AttributeError`).
+3. Every attention layer calls the RPA v3 Pallas kernels, which raise
+   `ValueError: Unsupported TPU device kind: cpu` in `pltpu.get_tpu_info()`.
+4. `jax.jit(..., compiler_options=get_step_fn_compiler_options())` and
+   `@jax.jit(compiler_options=get_sampling_compiler_options())` (bound at
+   import in `layers/jax/sample/sampling.py`) pass XLA:TPU flags, and the CPU
+   compiler rejects them: `INVALID_ARGUMENT: No such compile option:
+   'xla_tpu_all_gather_collective_matmul_mode'`.
+5. On CPU, `jax.device_put` of an aligned numpy array aliases it; the runner
+   reuses one host buffer for every step's inputs, so with vLLM 0.32's
+   default async scheduling a step can read the next step's inputs (wrong
+   greedy tokens in a fraction of requests). See
+   `_patch_host_to_device_copies` and `disable_async_scheduling_if_cpu`.
+
+Every patch keeps the original behaviour for non-CPU devices: each replaced
+function checks the devices it is about to use and delegates to the original
+on a TPU. That matters because `apply_patches()` runs from a
+`vllm.general_plugins` entry point, which vLLM also runs in the parent
+process (`EngineArgs.__post_init__`) before it forks the EngineCore: JAX must
+not be initialized there (a forked child aborts if it was), so the patches
+cannot ask JAX which devices exist when they are installed.
+"""
+
+import importlib.metadata
+import logging
+import os
+import sys
+
+from keras_vllm.cpu import detect
+from keras_vllm.cpu import ragged_paged_attention as cpu_rpa
+
+logger = logging.getLogger("keras_vllm")
+
+# The versions whose private APIs these patches target.
+PINNED_VERSIONS = {"tpu-inference": "0.32.0", "vllm-tpu": "0.32.0"}
+
+# Fake HBM budget per CPU device, in GiB (vLLM sizes the KV cache from it:
+# gpu_memory_utilization x budget - memory in use).
+MEMORY_ENV = "KERAS_VLLM_CPU_MEMORY_GB"
+DEFAULT_MEMORY_GB = 4.0
+
+# "1" keeps vLLM's async scheduling on CPU (default: turned off).
+ASYNC_ENV = "KERAS_VLLM_CPU_ASYNC_SCHEDULING"
+
+_GIB = 1 << 30
+_applied = False
+
+
+def check_versions():
+    """Raises unless the pinned vllm-tpu and tpu-inference are installed.
+
+    Raises:
+        RuntimeError: a package is missing or has another version. The
+            patches rely on private functions of exactly these versions.
+    """
+    for package, required in PINNED_VERSIONS.items():
+        try:
+            installed = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            installed = None
+        if installed != required:
+            raise RuntimeError(
+                f"keras-vllm's CPU backend needs {package}=={required}, but "
+                f"{'it is not installed' if installed is None else installed + ' is installed'}. "
+                f"Install the pinned serving stack with: "
+                f'pip install "keras-vllm[serving]"')
+
+
+def apply_patches():
+    """Installs the CPU patches into tpu-inference, vLLM's platform and JAX.
+
+    Idempotent. Safe to call before JAX is initialized (it does not
+    initialize it). If JAX is already initialized with any non-CPU device,
+    it does nothing.
+
+    Raises:
+        RuntimeError: the installed vllm-tpu / tpu-inference are not the
+            pinned versions (see `check_versions`).
+    """
+    global _applied
+    if _applied:
+        return
+    check_versions()
+    if _jax_initialized() and not _all_cpu():
+        logger.info("keras-vllm: JAX has non-CPU devices; CPU patches skipped.")
+        return
+    _patch_memory_accounting()
+    _patch_mesh()
+    _patch_attention_kernels()
+    _patch_compiler_options()
+    _patch_host_to_device_copies()
+    _patch_async_scheduling()
+    _applied = True
+    logger.info("keras-vllm: CPU patches for tpu-inference %s applied.",
+                PINNED_VERSIONS["tpu-inference"])
+
+
+def disable_async_scheduling_if_cpu(vllm_config):
+    """Turns vLLM's async scheduling off when serving on CPU.
+
+    With vLLM 0.32's default `async_scheduling=True`, greedy outputs on JAX
+    CPU devices were nondeterministically wrong for some batches (94/588
+    requests in one measurement; a whole batch diverging at the same decode
+    step). The cause found: on CPU, uploads of the runner's reused host
+    buffer alias it (see `_patch_host_to_device_copies`, which fixes that;
+    with the fix a probe that forces the aliasing went from 4/48 wrong to
+    0/48). Async scheduling stays off on CPU by default anyway, as a
+    safeguard for correctness tests: it buys little on CPU, where host and
+    "device" share the same cores. Set `KERAS_VLLM_CPU_ASYNC_SCHEDULING=1`
+    to keep vLLM's choice.
+
+    Args:
+        vllm_config: the `VllmConfig` being finalized.
+    """
+    scheduler_config = getattr(vllm_config, "scheduler_config", None)
+    if scheduler_config is None or not detect.is_cpu_host():
+        return
+    if os.environ.get(ASYNC_ENV, "0").strip().lower() in ("1", "true"):
+        return
+    if scheduler_config.async_scheduling:
+        scheduler_config.async_scheduling = False
+        logger.warning(
+            "keras-vllm: async scheduling disabled on CPU (it has produced "
+            "wrong greedy tokens there; %s=1 keeps it on).", ASYNC_ENV)
+
+
+# ---------------------------------------------------------------------------
+# Device checks. They run when a patched function is called, i.e. inside the
+# engine's worker, where JAX is (being) initialized anyway.
+# ---------------------------------------------------------------------------
+
+
+def _jax_initialized():
+    from jax._src import xla_bridge
+    return xla_bridge.backends_are_initialized()
+
+
+def _all_cpu(devices=None):
+    import jax
+    devices = jax.devices() if devices is None else list(devices)
+    return bool(devices) and all(d.platform == "cpu" for d in devices)
+
+
+def _rebind(original, replacement, home_module, name):
+    """Replaces `original` in its home module and in every loaded
+    tpu_inference module that imported it by name (`from m import f` binds
+    the object, so patching only the home module would not reach them)."""
+    setattr(home_module, name, replacement)
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith("tpu_inference"):
+            continue
+        for attr, value in list(vars(module).items()):
+            if value is original:
+                setattr(module, attr, replacement)
+
+
+# ---------------------------------------------------------------------------
+# 1. HBM accounting (tpu_inference/utils.py, platforms/tpu_platform.py).
+# ---------------------------------------------------------------------------
+
+
+def _memory_budget_bytes():
+    try:
+        gib = float(os.environ.get(MEMORY_ENV, DEFAULT_MEMORY_GB))
+    except ValueError:
+        raise ValueError(
+            f"{MEMORY_ENV}={os.environ[MEMORY_ENV]!r} is not a number of GiB."
+        ) from None
+    if gib <= 0:
+        raise ValueError(f"{MEMORY_ENV} must be positive, got {gib}.")
+    return int(gib * _GIB)
+
+
+def _live_bytes_per_device(devices):
+    """Bytes held by live JAX arrays on each of `devices`."""
+    import jax
+    used = {d: 0 for d in devices}
+    seen = set()
+    for array in jax.live_arrays():
+        for shard in array.addressable_shards:
+            buffer = shard.data
+            if id(buffer) in seen or buffer.device not in used:
+                continue
+            seen.add(id(buffer))
+            used[buffer.device] += buffer.nbytes
+    return [used[d] for d in devices]
+
+
+def _patch_memory_accounting():
+    import tpu_inference.utils as ti_utils
+    from tpu_inference.platforms.tpu_platform import TpuPlatform
+
+    original_usage = ti_utils.hbm_usage_bytes
+    if getattr(original_usage, "_keras_vllm_patch", False):
+        return
+
+    def hbm_usage_bytes(devices):
+        """CPU: (live-array bytes, fake budget) per device; else original."""
+        devices = list(devices)
+        if not _all_cpu(devices):
+            return original_usage(devices)
+        limit = _memory_budget_bytes()
+        return [(used, limit) for used in _live_bytes_per_device(devices)]
+
+    hbm_usage_bytes._keras_vllm_patch = True
+    _rebind(original_usage, hbm_usage_bytes, ti_utils, "hbm_usage_bytes")
+
+    original_mem_get_info = TpuPlatform.mem_get_info.__func__
+
+    def mem_get_info(cls):
+        """CPU: (free, total) summed over local devices, like the original."""
+        import jax
+        devices = jax.local_devices()
+        if not _all_cpu(devices):
+            return original_mem_get_info(cls)
+        usage = hbm_usage_bytes(devices)
+        total = sum(limit for _, limit in usage)
+        return total - sum(used for used, _ in usage), total
+
+    TpuPlatform.mem_get_info = classmethod(mem_get_info)
+
+
+# ---------------------------------------------------------------------------
+# 2. Device mesh (tpu_inference/utils.py make_optimized_mesh, imported by
+#    name into runner/tpu_runner.py).
+# ---------------------------------------------------------------------------
+
+
+def _patch_mesh():
+    import tpu_inference.utils as ti_utils
+
+    original = ti_utils.make_optimized_mesh
+    if getattr(original, "_keras_vllm_patch", False):
+        return
+
+    def make_optimized_mesh(axis_shapes, axis_names, *, devices=None):
+        """CPU: devices in their given order (no `.coords`); else original.
+
+        A plain `Mesh` keeps `Auto` axis types: `jax.make_mesh` would make
+        them `Explicit`, and tpu-inference's embedding gather then fails with
+        a `ShardingTypeError`.
+        """
+        import jax
+        import numpy as np
+        candidates = list(jax.devices() if devices is None else devices)
+        if not _all_cpu(candidates):
+            return original(axis_shapes, axis_names, devices=devices)
+        count = int(np.prod(axis_shapes))
+        grid = np.array(candidates[:count]).reshape(tuple(axis_shapes))
+        return jax.sharding.Mesh(grid, tuple(axis_names))
+
+    make_optimized_mesh._keras_vllm_patch = True
+    _rebind(original, make_optimized_mesh, ti_utils, "make_optimized_mesh")
+
+
+# ---------------------------------------------------------------------------
+# 3. Attention kernels (kernels/ragged_paged_attention/v3/kernel.py and
+#    kernel_hd64.py; bound by name in layers/common/attention_interface.py
+#    and some layers/jax/attention modules).
+# ---------------------------------------------------------------------------
+
+
+def _patch_attention_kernels():
+    from tpu_inference.kernels.ragged_paged_attention.v3 import \
+        kernel as rpa
+    from tpu_inference.kernels.ragged_paged_attention.v3 import \
+        kernel_hd64 as rpa_hd64
+
+    for module, name, cpu_kernel in (
+        (rpa, "ragged_paged_attention", cpu_rpa.ragged_paged_attention),
+        (rpa_hd64, "ragged_paged_attention_hd64",
+         cpu_rpa.ragged_paged_attention_hd64),
+    ):
+        original = getattr(module, name)
+        if getattr(original, "_keras_vllm_patch", False):
+            continue
+        _rebind(original, _kernel_dispatcher(original, cpu_kernel), module,
+                name)
+
+
+def _kernel_dispatcher(tpu_kernel, cpu_kernel):
+    """A kernel that runs `cpu_kernel` when JAX computes on CPU.
+
+    The choice is made at trace time from JAX's default backend (inside
+    `shard_map` the operands are tracers and carry no device).
+    """
+
+    def kernel(*args, **kwargs):
+        import jax
+        if jax.default_backend() == "cpu":
+            return cpu_kernel(*args, **kwargs)
+        return tpu_kernel(*args, **kwargs)
+
+    kernel.__name__ = tpu_kernel.__name__
+    kernel.__doc__ = (f"CPU-aware `{tpu_kernel.__name__}` (keras-vllm): "
+                      f"the pure-JAX kernel on CPU, the Pallas kernel on TPU.")
+    kernel._keras_vllm_patch = True
+    return kernel
+
+
+# ---------------------------------------------------------------------------
+# 4. XLA:TPU-only compiler options (models/common/compiler_options.py, bound
+#    by name in model_loader, vllm_model_wrapper, decode_loop, sampling; and
+#    JAX's compile-option builder for options already baked into decorators).
+# ---------------------------------------------------------------------------
+
+
+def _patch_compiler_options():
+    from tpu_inference.models.common import compiler_options
+
+    for name in ("get_step_fn_compiler_options",
+                 "get_sampling_compiler_options"):
+        original = getattr(compiler_options, name)
+        if getattr(original, "_keras_vllm_patch", False):
+            continue
+        _rebind(original, _cpu_empty_options(original), compiler_options,
+                name)
+    _patch_jax_compile_options()
+
+
+def _cpu_empty_options(original):
+
+    def options():
+        if _all_cpu():
+            return {}
+        return original()
+
+    options.__name__ = original.__name__
+    options.__doc__ = f"`{original.__name__}`, but {{}} on CPU (keras-vllm)."
+    options._keras_vllm_patch = True
+    return options
+
+
+def _patch_jax_compile_options():
+    """Drops `xla_tpu_*` overrides when JAX compiles for CPU (jax 0.11.2,
+    `jax._src.compiler.get_compile_options`, called by `pxla` with the
+    `compiler_options` of `jax.jit`)."""
+    from jax._src import compiler
+
+    original = compiler.get_compile_options
+    if getattr(original, "_keras_vllm_patch", False):
+        return
+
+    def get_compile_options(*args, **kwargs):
+        overrides = kwargs.get("env_options_overrides")
+        backend = kwargs.get("backend")
+        if overrides and backend is not None and backend.platform == "cpu":
+            kwargs["env_options_overrides"] = {
+                key: value for key, value in overrides.items()
+                if not key.startswith("xla_tpu_")
+            }
+        return original(*args, **kwargs)
+
+    get_compile_options._keras_vllm_patch = True
+    compiler.get_compile_options = get_compile_options
+
+
+# ---------------------------------------------------------------------------
+# 5. Host-to-device copies (layers/common/utils.py general_device_put, which
+#    utils.device_array and the runner use to upload every step's inputs).
+# ---------------------------------------------------------------------------
+
+
+def _patch_host_to_device_copies():
+    """Makes uploads of numpy buffers real copies on CPU.
+
+    On CPU, `jax.device_put` of a 64-byte-aligned numpy array is zero-copy:
+    the "device" array aliases the numpy memory (jax 0.11.2; measured). The
+    tpu-inference runner packs every step's inputs (token ids, positions,
+    sequence lengths, query offsets, page tables) into one persistent numpy
+    buffer (`DeviceBuffer`) and uploads it with `device_array`. With async
+    scheduling the host refills that buffer for step N+1 while step N, which
+    may still alias it, has not run yet, so step N computes on step N+1's
+    inputs. Whether the buffer happens to be 64-byte aligned depends on the
+    allocator, which is why the wrong tokens came and went between runs. On
+    TPU the upload is a real copy, so only CPU needs this.
+    """
+    from tpu_inference.layers.common import utils as common_utils
+
+    original = common_utils.general_device_put
+    if getattr(original, "_keras_vllm_patch", False):
+        return
+
+    def general_device_put(tensor, sharding, **kwargs):
+        import jax
+        import numpy as np
+        if _all_cpu(sharding.device_set):
+            tensor = jax.tree.map(
+                lambda t: np.array(t, copy=True)
+                if isinstance(t, np.ndarray) else t, tensor)
+        return original(tensor, sharding, **kwargs)
+
+    general_device_put._keras_vllm_patch = True
+    general_device_put.__doc__ = original.__doc__
+    _rebind(original, general_device_put, common_utils, "general_device_put")
+
+
+# ---------------------------------------------------------------------------
+# 6. Async scheduling (TpuPlatform.check_and_update_config, which vLLM 0.32
+#    calls after resolving async scheduling and treats as the last word).
+# ---------------------------------------------------------------------------
+
+
+def _patch_async_scheduling():
+    from tpu_inference.platforms.tpu_platform import TpuPlatform
+
+    original = TpuPlatform.check_and_update_config.__func__
+    if getattr(original, "_keras_vllm_patch", False):
+        return
+
+    def check_and_update_config(cls, vllm_config):
+        original(cls, vllm_config)
+        disable_async_scheduling_if_cpu(vllm_config)
+
+    check_and_update_config._keras_vllm_patch = True
+    TpuPlatform.check_and_update_config = classmethod(check_and_update_config)

@@ -1,0 +1,165 @@
+"""`KerasVllmEngine`: a vLLM engine over a keras-vllm artifact."""
+
+import logging
+import os
+
+from keras_vllm import artifact
+from keras_vllm.errors import ServingError
+
+logger = logging.getLogger("keras_vllm")
+
+# vLLM needs room for at least one full sequence; tiny CPU models need far
+# less than vLLM's GPU-oriented defaults.
+_DEFAULT_MAX_NUM_SEQS = 64
+
+
+def serving_defaults(path, manifest, overrides):
+    """The `vllm.LLM` keyword arguments for an artifact, before overrides.
+
+    Raises:
+        ServingError: for settings the artifact cannot serve, before vLLM
+            starts (and before its memory profiling run).
+    """
+    from keras_vllm.cpu import detect
+
+    config_path = artifact.safe_join(path, artifact.CONFIG_FILE)
+    if not manifest.get("servable", True) or not os.path.isfile(config_path):
+        raise ServingError(
+            f"'{path}' cannot be served on vLLM: "
+            f"{manifest.get('unservable_reason') or 'it has no config.json'} "
+            "(it was exported with `allow_unservable=True`)."
+        )
+    config = artifact.read_json(config_path)
+    max_positions = int(config["max_position_embeddings"])
+    kwargs = {
+        "model": path,
+        "tokenizer": path,
+        "tokenizer_mode": artifact.TOKENIZER_MODE,
+        "dtype": manifest["dtype"],
+        "max_model_len": max_positions,
+        "max_num_seqs": _DEFAULT_MAX_NUM_SEQS,
+        "generation_config": "auto",
+        "seed": 0,
+    }
+    if detect.is_cpu_host():
+        # See keras_vllm/cpu/__init__.py: vLLM's async scheduling is not
+        # exact on the CPU backend.
+        kwargs["async_scheduling"] = False
+        kwargs["max_num_batched_tokens"] = 2048
+    kwargs.update(overrides)
+    max_len = kwargs.get("max_model_len")
+    if max_len is not None and int(max_len) > max_positions:
+        raise ServingError(
+            f"max_model_len={max_len} exceeds the {max_positions} positions "
+            f"this model was exported for. Use max_model_len <= "
+            f"{max_positions}, or re-export with a larger "
+            "`max_sequence_length` if the model supports it."
+        )
+    dtype = kwargs.get("dtype")
+    if dtype not in (None, "auto") and str(dtype) not in artifact.SUPPORTED_DTYPES:
+        raise ServingError(
+            f"dtype={dtype!r} cannot serve this artifact; use one of "
+            f"{artifact.SUPPORTED_DTYPES}."
+        )
+    return kwargs
+
+
+def _jax_started():
+    """Whether this process has already started a JAX runtime."""
+    import sys
+
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge._backends)
+    except (ImportError, AttributeError):
+        # Unknown jax internals: assume started, spawning is always safe.
+        return True
+
+
+def _choose_process_start_method():
+    """Spawns vLLM's engine process when JAX already runs in this process.
+
+    vLLM forks its engine process by default, and a forked child of a
+    process with a live JAX runtime aborts. A process that trained or
+    exported a model in memory has one, so the engine process is spawned
+    instead (as for any spawn-based program, the calling script must guard
+    its entry point with `if __name__ == "__main__":`).
+    """
+    variable = "VLLM_WORKER_MULTIPROC_METHOD"
+    if variable not in os.environ and _jax_started():
+        os.environ[variable] = "spawn"
+        logger.info(
+            "keras-vllm: JAX is already running in this process, so vLLM's "
+            "engine process is spawned rather than forked."
+        )
+
+
+class KerasVllmEngine:
+    """A vLLM engine (continuous batching, paged KV cache) over an artifact.
+
+    Use `KerasVllmEngine.from_export(path)`; `.llm` is the `vllm.LLM`.
+
+    Example:
+
+    ```python
+    engine = keras_vllm.KerasVllmEngine.from_export("exports/gemma2_tuned")
+    outputs = engine.generate(["The quick brown fox"])
+    print(outputs[0].outputs[0].text)
+    ```
+    """
+
+    def __init__(self, llm, path, manifest):
+        self.llm = llm
+        self.path = path
+        self.manifest = manifest
+
+    @classmethod
+    def from_export(cls, path, **engine_kwargs):
+        """Starts a vLLM engine on a keras-vllm artifact.
+
+        The artifact is verified (checksums) first. Sampling defaults come
+        from the exported model's compiled sampler (`generation_config.json`),
+        `max_model_len` from the artifact. Any `vllm.LLM` keyword argument
+        overrides the defaults.
+
+        Args:
+            path: the artifact directory.
+            **engine_kwargs: passed to `vllm.LLM`.
+
+        Returns:
+            A `KerasVllmEngine`.
+        """
+        from keras_vllm import _env  # noqa: F401
+
+        path = os.path.abspath(os.fspath(path))
+        manifest = artifact.open_artifact(path)
+        kwargs = serving_defaults(path, manifest, engine_kwargs)
+        _choose_process_start_method()
+        import vllm
+
+        from keras_vllm import plugin
+
+        # vLLM loads entry points in each process it starts; registering
+        # here too covers an in-process engine and editable installs.
+        plugin.register()
+        llm = vllm.LLM(**kwargs)
+        return cls(llm, path, manifest)
+
+    def generate(self, prompts, sampling_params=None, **kwargs):
+        """Generates completions; see `vllm.LLM.generate`.
+
+        Args:
+            prompts: a string, a list of strings, or vLLM prompt dicts
+                (e.g. `{"prompt_token_ids": [...]}`).
+            sampling_params: `vllm.SamplingParams`; defaults to the exported
+                model's own sampler.
+
+        Returns:
+            A list of vLLM `RequestOutput`.
+        """
+        if sampling_params is None:
+            sampling_params = self.llm.get_default_sampling_params()
+        return self.llm.generate(prompts, sampling_params, **kwargs)

@@ -1,0 +1,24 @@
+"""The Hugging Face config class vLLM uses to read our `config.json`.
+
+vLLM only accepts a `model_type` that transformers knows, so keras-vllm
+registers this class for `keras_vllm` in every vLLM process (see
+`keras_vllm/plugin.py`). It is defined at module level so it pickles when
+vLLM spawns processes.
+"""
+
+from transformers import PretrainedConfig
+
+from keras_vllm import artifact
+
+
+class KerasVllmConfig(PretrainedConfig):
+    """The neutral config of a keras-vllm artifact (fields in FORMAT.md)."""
+
+    model_type = artifact.MODEL_TYPE
+
+
+def register():
+    """Registers `KerasVllmConfig` with transformers' `AutoConfig`."""
+    from transformers import AutoConfig
+
+    AutoConfig.register(artifact.MODEL_TYPE, KerasVllmConfig, exist_ok=True)

@@ -1,0 +1,28 @@
+"""Shared fixtures: tiny models built offline, trained once per session."""
+
+import functools
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+os.environ.setdefault("KERAS_NNX_ENABLED", "true")
+
+import pytest  # noqa: E402
+
+
+@functools.lru_cache(maxsize=None)
+def trained_model(family, **overrides):
+    """A tiny fine-tuned CausalLM of `family`, built once per session."""
+    from keras_vllm import testing
+
+    causal_lm = testing.build_tiny_causal_lm(family, **overrides)
+    testing.fine_tune(causal_lm)
+    return causal_lm
+
+
+def trained(family, **overrides):
+    return trained_model(family, **dict(sorted(overrides.items())))
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("artifacts")

@@ -1,0 +1,191 @@
+"""Tests for `keras_vllm.testing`, the offline tiny-model fixtures.
+
+Each family's model is built and fine-tuned once (a module-scoped fixture)
+and shared by the tests that need it.
+"""
+
+import os
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+os.environ.setdefault("KERAS_NNX_ENABLED", "true")
+
+import keras  # noqa: E402
+import keras_hub  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from keras_vllm import testing  # noqa: E402
+
+# Includes a leading space, doubled and trailing whitespace, tabs, newlines,
+# digits, non-ASCII and a character outside the training corpus (the emoji).
+ROUND_TRIP_STRINGS = [
+    "héllo wörld 日本",
+    "the quick brown fox.",
+    "  two  spaces\tand a tab\n",
+    "emoji 🙂 and digits 12345",
+    "Zürich, São Paulo, Москва",
+]
+
+# family -> (build seconds, fine-tune seconds), filled by `trained`.
+TIMINGS = {}
+
+
+@pytest.fixture(scope="module", params=testing.FAMILIES)
+def trained(request):
+    """A fine-tuned tiny model of each family, built once per module."""
+    family = request.param
+    start = time.perf_counter()
+    causal_lm = testing.build_tiny_causal_lm(family)
+    built = time.perf_counter()
+    losses = testing.fine_tune(causal_lm)
+    TIMINGS[family] = (built - start, time.perf_counter() - built)
+    print(
+        f"\n[{family}] build {TIMINGS[family][0]:.1f}s, "
+        f"fine_tune {TIMINGS[family][1]:.1f}s, "
+        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+    )
+    return family, causal_lm, losses
+
+
+def test_families():
+    assert len(testing.FAMILIES) == 17
+    assert testing.FAMILIES[:3] == ["gpt2", "opt", "llama"]
+    assert len(set(testing.FAMILIES)) == 17
+
+
+def test_corpus_is_deterministic():
+    assert testing.corpus() == testing.corpus()
+    assert all(isinstance(line, str) and line for line in testing.corpus())
+    openings = {line.split()[0] for line in testing.corpus()}
+    assert len(openings) == len(testing.corpus())
+
+
+@pytest.mark.parametrize("family", testing.FAMILIES)
+def test_tokenizer(family):
+    tokenizer = testing.build_tiny_tokenizer(family)
+    assert 300 <= tokenizer.vocabulary_size() <= 512
+    assert isinstance(tokenizer, keras_hub.tokenizers.Tokenizer)
+    assert type(tokenizer).backbone_cls is testing.backbone_class(family)
+    for text in ROUND_TRIP_STRINGS:
+        assert tokenizer.detokenize(tokenizer.tokenize(text)) == text
+    # The family's special tokens are in the vocabulary.
+    for token in tokenizer.special_tokens:
+        assert tokenizer.token_to_id(token) is not None
+    assert tokenizer.end_token_id is not None
+    if family.startswith("qwen"):
+        assert tokenizer.start_token_id is None
+    else:
+        assert tokenizer.start_token_id is not None
+    # KerasHub's sampler stops before the first step if the padding after a
+    # prompt holds a stop token, so the pad id must not be an end id.
+    end_ids = {tokenizer.end_token_id, getattr(tokenizer, "end_token2_id", -1)}
+    assert tokenizer.pad_token_id not in end_ids
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gemma"])
+def test_tokenizer_is_deterministic(family):
+    first = testing.build_tiny_tokenizer(family)
+    second = testing.build_tiny_tokenizer(family)
+    assert list(first.get_vocabulary()) == list(second.get_vocabulary())
+    text = testing.corpus()[0]
+    np.testing.assert_array_equal(first(text), second(text))
+
+
+def test_fine_tune_reduces_loss(trained):
+    family, _, losses = trained
+    assert len(losses) > 1
+    assert all(np.isfinite(losses)), family
+    # The corpus is memorized: the loss left is (mostly) the unpredictable
+    # first word after the start token.
+    assert losses[-1] < 0.25 * losses[0], (family, losses[0], losses[-1])
+    assert losses[-1] < 0.5, (family, losses[-1])
+
+
+def test_continuations_depend_on_prompt(trained):
+    family, causal_lm, _ = trained
+    continuations = testing.greedy_continuations(causal_lm, max_length=24)
+    assert len(continuations) == len(testing.prompts()) >= 4
+    distinct = len(set(continuations))
+    assert distinct >= 4, (family, continuations)
+
+
+def test_preset_round_trip(trained, tmp_path):
+    family, causal_lm, _ = trained
+    preset = testing.save_tiny_preset(causal_lm, tmp_path / family)
+    assert os.path.isfile(os.path.join(preset, "config.json"))
+    assert os.path.isfile(os.path.join(preset, "model.weights.h5"))
+    restored = keras_hub.models.CausalLM.from_preset(preset)
+    assert type(restored) is type(causal_lm)
+    assert type(restored.backbone) is type(causal_lm.backbone)
+    x, _, _ = testing.tokenize_corpus(causal_lm.preprocessor.tokenizer)
+    np.testing.assert_array_equal(
+        np.asarray(restored(x)), np.asarray(causal_lm(x))
+    )
+    text = ROUND_TRIP_STRINGS[0]
+    np.testing.assert_array_equal(
+        restored.preprocessor.tokenizer(text),
+        causal_lm.preprocessor.tokenizer(text),
+    )
+
+
+def test_build_is_deterministic():
+    first = testing.build_tiny_causal_lm("llama", seed=3)
+    second = testing.build_tiny_causal_lm("llama", seed=3)
+    other = testing.build_tiny_causal_lm("llama", seed=4)
+    for a, b in zip(first.backbone.weights, second.backbone.weights):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert any(
+        not np.array_equal(np.asarray(a), np.asarray(c))
+        for a, c in zip(first.backbone.weights, other.backbone.weights)
+    )
+
+
+def test_fine_tune_is_deterministic():
+    runs = []
+    for _ in range(2):
+        causal_lm = testing.build_tiny_causal_lm("gpt2")
+        losses = testing.fine_tune(causal_lm, steps=3, seed=1)
+        runs.append((losses, [np.asarray(w) for w in causal_lm.backbone.weights]))
+    assert runs[0][0] == runs[1][0]
+    for a, b in zip(runs[0][1], runs[1][1]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_dtype():
+    causal_lm = testing.build_tiny_causal_lm("gemma", dtype="bfloat16")
+    assert all(w.dtype == "bfloat16" for w in causal_lm.backbone.weights)
+    x, _, _ = testing.tokenize_corpus(causal_lm.preprocessor.tokenizer)
+    assert keras.backend.standardize_dtype(causal_lm(x).dtype) == "bfloat16"
+
+
+def test_family_mechanics():
+    gemma2 = testing.backbone_config("gemma2")
+    assert gemma2["attention_logit_soft_cap"] == 50.0
+    assert gemma2["final_logit_soft_cap"] == 30.0
+    assert gemma2["sliding_window_size"] == 16
+    assert gemma2["query_head_dim_normalize"] is False
+    assert testing.backbone_config("mistral")["sliding_window"] == 16
+    assert testing.backbone_config("mixtral")["sliding_window"] == 16
+    assert testing.backbone_config("gemma")["num_key_value_heads"] == 1
+    llama3 = testing.build_tiny_causal_lm("llama3").backbone.get_config()
+    for key, value in testing.LLAMA3_1_ROPE_SCALING.items():
+        assert llama3[key] == value
+
+
+def test_overrides():
+    # Six Gemma 3 layers reach the first global (non-sliding) layer.
+    gemma3 = testing.build_tiny_causal_lm("gemma3", num_layers=6)
+    assert gemma3.backbone.num_layers == 6
+    assert gemma3.backbone.get_config()["sliding_window_size"] == 16
+    # Phi-3 with "su" (LongRoPE) scaling.
+    phi3 = testing.build_tiny_causal_lm("phi3", **testing.PHI3_SU_ROPE_SCALING)
+    assert phi3.backbone.get_config()["rope_scaling_type"] == "su"
+    for causal_lm in (gemma3, phi3):
+        x, _, _ = testing.tokenize_corpus(causal_lm.preprocessor.tokenizer)
+        assert np.all(np.isfinite(np.asarray(causal_lm(x))))
+
+
+def test_unknown_family():
+    with pytest.raises(ValueError, match="Unknown family"):
+        testing.build_tiny_causal_lm("gpt5")
