@@ -38,6 +38,7 @@ from keras_vllm.testing.tokenizers import build_tiny_tokenizer  # noqa: E402
 from keras_vllm.testing.training import distinct_continuations  # noqa: E402
 from keras_vllm.testing.training import fine_tune  # noqa: E402
 from keras_vllm.testing.training import greedy_continuations  # noqa: E402
+from keras_vllm.testing.training import greedy_reference  # noqa: E402
 from keras_vllm.testing.training import tokenize_corpus  # noqa: E402
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "distinct_continuations",
     "fine_tune",
     "greedy_continuations",
+    "greedy_reference",
     "prompts",
     "save_tiny_preset",
     "tokenize_corpus",

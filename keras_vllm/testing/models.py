@@ -288,8 +288,12 @@ def build_tiny_causal_lm(
     )
     causal_lm.compile(sampler="greedy")
     # Build every layer eagerly.
-    token_ids = np.ones((1, 8), dtype="int32")
-    causal_lm({"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)})
+    causal_lm(
+        {
+            "token_ids": np.ones((1, 8), dtype="int32"),
+            "padding_mask": np.ones((1, 8), dtype=bool),
+        }
+    )
     return causal_lm
 
 

@@ -161,7 +161,8 @@ def _train_byte_pair_cached(special_tokens, vocabulary_size, specials_first):
     model = json.loads(tokenizer.to_str())["model"]
     # The trainer puts the special tokens first. Ids are free to permute:
     # merges refer to token strings, not ids.
-    tokens = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])]
+    by_id = sorted(model["vocab"].items(), key=lambda item: item[1])
+    tokens = [token for token, _ in by_id]
     if not specials_first:
         tokens = tokens[len(special_tokens) :] + tokens[: len(special_tokens)]
     vocabulary = tuple((token, i) for i, token in enumerate(tokens))

@@ -148,3 +148,44 @@ def distinct_continuations(causal_lm, prompts=None, max_length=32):
         The number of distinct continuations, an int.
     """
     return len(set(greedy_continuations(causal_lm, prompts, max_length)))
+
+
+def greedy_reference(causal_lm, prompt, max_length=32):
+    """Greedy decoding by full forward passes, without a KV cache.
+
+    A reference for serving checks that does not rely on the task's cached
+    `generate()`: KerasHub's GPT-NeoX applies RoPE at the wrong offset in
+    cached decoding, so its `generate()` differs from this reference once
+    the model is fine-tuned. Every step runs the model on a fixed-shape,
+    right-padded input of `max_length` tokens.
+
+    Args:
+        causal_lm: a `keras_hub.models.CausalLM` with a preprocessor.
+        prompt: string.
+        max_length: int. The maximum length of start token, prompt and
+            continuation, in tokens.
+
+    Returns:
+        A list of token ids: the start token (if the family has one), the
+        prompt tokens and the greedy continuation, which ends with an end
+        token unless `max_length` was reached first.
+    """
+    tokenizer = causal_lm.preprocessor.tokenizer
+    start = getattr(tokenizer, "start_token_id", None)
+    stop_ids = {tokenizer.end_token_id}
+    if getattr(tokenizer, "end_token2_id", None) is not None:
+        stop_ids.add(tokenizer.end_token2_id)
+    ids = [start] if start is not None else []
+    ids += [int(i) for i in np.asarray(tokenizer.tokenize(prompt))]
+    token_ids = np.full((1, max_length), tokenizer.pad_token_id or 0, "int32")
+    padding_mask = np.zeros((1, max_length), dtype=bool)
+    while len(ids) < max_length:
+        token_ids[0, : len(ids)] = ids
+        padding_mask[0, : len(ids)] = True
+        logits = causal_lm(
+            {"token_ids": token_ids, "padding_mask": padding_mask}
+        )
+        ids.append(int(np.argmax(np.asarray(logits)[0, len(ids) - 1])))
+        if ids[-1] in stop_ids:
+            break
+    return ids
