@@ -37,12 +37,17 @@ def install():
     global _INSTALLED
     if _INSTALLED:
         return
-    import keras_hub
+    # The defining modules, not `keras_hub.models`: vLLM's plugin loader
+    # can import keras_vllm while `keras_hub` itself is still initializing
+    # (keras-hub imports vLLM), when `keras_hub.models` does not exist yet.
+    from keras_hub.src.models.backbone import Backbone
+    from keras_hub.src.models.causal_lm import CausalLM
+    from keras_hub.src.models.task import Task
 
     from keras_vllm.export.exporter import export_vllm
 
     _export_vllm.__doc__ = export_vllm.__doc__
-    keras_hub.models.CausalLM.export_vllm = _export_vllm
-    for base in (keras_hub.models.Task, keras_hub.models.Backbone):
+    CausalLM.export_vllm = _export_vllm
+    for base in (Task, Backbone):
         base.from_preset = _record_preset(base.__dict__["from_preset"])
     _INSTALLED = True

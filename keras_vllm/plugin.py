@@ -48,3 +48,49 @@ def register():
     from keras_vllm.load.vllm_model import KerasVllmForCausalLM
 
     register_model(artifact.ARCHITECTURE, KerasVllmForCausalLM)
+    _default_tokenizer_mode_for_artifacts()
+
+
+def _is_artifact(path):
+    from keras_vllm import artifact
+
+    manifest = os.path.join(str(path), artifact.MANIFEST_FILE)
+    if not os.path.isfile(manifest):
+        return False
+    try:
+        return artifact.read_json(manifest).get("format") == artifact.FORMAT_NAME
+    except Exception:  # any unreadable manifest is simply not ours
+        return False
+
+
+def _default_tokenizer_mode_for_artifacts():
+    """Makes `tokenizer_mode="auto"` pick `keras_vllm` for our artifacts.
+
+    vLLM 0.32 maps architectures to tokenizer modes with a hard-coded list,
+    so plain `vllm serve ARTIFACT` would look for a Hugging Face tokenizer.
+    This wraps vLLM's tokenizer-argument resolution (pinned 0.32.0,
+    `vllm.tokenizers.registry.resolve_tokenizer_args`): for a directory that
+    is a keras-vllm artifact, "auto" becomes "keras_vllm"; anything else is
+    resolved exactly as before.
+    """
+    import functools
+
+    from vllm.tokenizers import registry
+
+    from keras_vllm import artifact
+
+    original = registry.resolve_tokenizer_args
+    if getattr(original, "_keras_vllm", False):
+        return
+
+    @functools.wraps(original)
+    def resolve(tokenizer_name, *args, tokenizer_mode="auto", **kwargs):
+        if tokenizer_mode == "auto" and _is_artifact(tokenizer_name):
+            tokenizer_mode = artifact.TOKENIZER_MODE
+        return original(
+            tokenizer_name, *args, tokenizer_mode=tokenizer_mode, **kwargs
+        )
+
+    resolve._keras_vllm = True
+    registry.resolve_tokenizer_args = resolve
+    registry.cached_resolve_tokenizer_args = functools.lru_cache(resolve)

@@ -79,6 +79,43 @@ def greedy_continuation(causal_lm, token_ids, max_new_tokens, stop_token_ids):
     return result
 
 
+def greedy_by_forward_pass(
+    causal_lm, token_ids, max_new_tokens, stop_token_ids
+):
+    """Greedy new token ids after `token_ids`, one full forward pass a token.
+
+    The reference for models whose cached `generate()` is not their
+    forward pass (KerasHub's GPT-NeoX caches pre-RoPE keys and rotates
+    decode queries at position 0): each step re-runs the whole sequence
+    through `causal_lm(...)`, with no KV cache, and takes the argmax at the
+    last real position. Inputs are right-padded to a fixed length (causal
+    attention makes the padding invisible to real positions), so all steps
+    of a prompt share one input shape. Cost is quadratic in the length;
+    meant for tiny test models.
+
+    Args and return value as `greedy_continuation`.
+    """
+    from keras import ops
+
+    ids = [int(i) for i in token_ids]
+    length = len(ids) + max_new_tokens
+    # Round the shape up so prompts of similar lengths share compilations.
+    length = -(-length // 64) * 64
+    padded = np.zeros((1, length), dtype="int32")
+    mask = np.zeros((1, length), dtype="bool")
+    result = []
+    for _ in range(max_new_tokens):
+        padded[0, : len(ids)] = ids
+        mask[0, : len(ids)] = True
+        logits = causal_lm({"token_ids": padded, "padding_mask": mask})
+        token = int(ops.convert_to_numpy(ops.argmax(logits[0, len(ids) - 1])))
+        ids.append(token)
+        result.append(token)
+        if stop_token_ids and token in stop_token_ids:
+            break
+    return result
+
+
 def teacher_forced_logprobs(causal_lm, token_ids):
     """Log-probabilities of each next token from one full forward pass.
 

@@ -34,16 +34,17 @@ def start_engine(causal_lm, directory, **engine_kwargs):
     return keras_vllm.KerasVllmEngine.from_export(path, **engine_kwargs)
 
 
-def check_greedy_matches_generate(engine, causal_lm):
+def check_greedy_matches_generate(
+    engine, causal_lm, greedy=reference.greedy_continuation
+):
+    """`greedy` computes the expected tokens (default: `generate()`'s)."""
     from vllm import SamplingParams
 
     prompts = serving_prompts()
     expected = []
     for text in prompts:
         ids = reference.prompt_token_ids(causal_lm, text)
-        expected.append(
-            reference.greedy_continuation(causal_lm, ids, NEW_TOKENS, [])
-        )
+        expected.append(greedy(causal_lm, ids, NEW_TOKENS, []))
     params = SamplingParams(
         temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True
     )
@@ -76,7 +77,9 @@ def check_prompt_logprobs(engine, causal_lm, atol=1e-4):
     assert worst <= atol, worst
 
 
-def check_default_sampling_is_the_models(engine, causal_lm):
+def check_default_sampling_is_the_models(
+    engine, causal_lm, greedy=reference.greedy_continuation
+):
     """The exported model is greedy, so requests without sampling params are
     deterministic and equal greedy decoding."""
     prompts = testing.prompts()
@@ -88,7 +91,7 @@ def check_default_sampling_is_the_models(engine, causal_lm):
         stops = reference.default_stop_token_ids(
             causal_lm.preprocessor.tokenizer
         )
-        want = reference.greedy_continuation(causal_lm, ids, len(got), stops)
+        want = greedy(causal_lm, ids, len(got), stops)
         assert got == want
 
 

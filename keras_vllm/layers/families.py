@@ -1,5 +1,15 @@
 """Imports every family module so that each registers its paged subclasses."""
 
+from keras_vllm.layers import bloom  # noqa: F401
+from keras_vllm.layers import falcon  # noqa: F401
 from keras_vllm.layers import gemma  # noqa: F401
+from keras_vllm.layers import gemma3  # noqa: F401
 from keras_vllm.layers import gpt2  # noqa: F401
+from keras_vllm.layers import gpt_neo_x  # noqa: F401
 from keras_vllm.layers import llama  # noqa: F401
+from keras_vllm.layers import mistral  # noqa: F401
+from keras_vllm.layers import mixtral  # noqa: F401
+from keras_vllm.layers import qwen  # noqa: F401
+from keras_vllm.layers import qwen3  # noqa: F401
+from keras_vllm.layers import qwen3_moe  # noqa: F401
+from keras_vllm.layers import qwen_moe  # noqa: F401

@@ -1,0 +1,132 @@
+"""`vllm serve ARTIFACT` (plain vLLM CLI, our plugin only) over HTTP."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("tpu_inference")
+requests = pytest.importorskip("requests")
+pytestmark = pytest.mark.serving
+
+from conftest import trained  # noqa: E402
+from keras_vllm import reference  # noqa: E402
+from keras_vllm import testing  # noqa: E402
+
+FAMILY = "llama3"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return trained(FAMILY, **testing.LLAMA3_1_ROPE_SCALING)
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    path = model.export_vllm(
+        tmp_path_factory.mktemp("serve") / "artifact",
+        max_sequence_length=256,
+        golden_prompts=testing.prompts()[:2],
+    )
+    port = _free_port()
+    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
+    log = open(tmp_path_factory.mktemp("serve_log") / "server.log", "w+")
+    process = subprocess.Popen(
+        [vllm, "serve", path, "--host", "127.0.0.1", "--port", str(port),
+         "--max-num-seqs", "16"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 400
+    try:
+        while True:
+            if process.poll() is not None:
+                log.seek(0)
+                pytest.fail("vllm serve exited:\n" + log.read()[-5000:])
+            try:
+                if requests.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.time() > deadline:
+                log.seek(0)
+                pytest.fail("vllm serve did not start:\n" + log.read()[-5000:])
+            time.sleep(2)
+        yield url, path
+    finally:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def _text(model, ids):
+    """Text of `ids` as vLLM returns it (special tokens skipped)."""
+    tokenizer = model.preprocessor.tokenizer
+    special = set(tokenizer.special_token_ids)
+    return tokenizer.detokenize([i for i in ids if i not in special])
+
+
+def _complete(url, path, **body):
+    response = requests.post(
+        url + "/v1/completions", json={"model": path, **body}, timeout=120
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["choices"]
+
+
+def test_completions_equal_generate(server, model):
+    url, path = server
+    prompts = testing.prompts()
+    choices = _complete(
+        url,
+        path,
+        prompt=prompts,
+        max_tokens=16,
+        temperature=0.0,
+        ignore_eos=True,
+        return_token_ids=True,
+    )
+    for choice in choices:
+        text = prompts[choice["index"]]
+        ids = reference.prompt_token_ids(model, text)
+        want = reference.greedy_continuation(model, ids, 16, [])
+        assert choice["token_ids"] == want
+        assert choice["text"] == _text(model, want)
+
+
+def test_request_without_sampling_params_follows_exported_sampler(
+    server, model
+):
+    url, path = server
+    text = testing.prompts()[0]
+    first = _complete(url, path, prompt=text, max_tokens=12)
+    second = _complete(url, path, prompt=text, max_tokens=12)
+    assert first[0]["text"] == second[0]["text"]
+    ids = reference.prompt_token_ids(model, text)
+    stops = reference.default_stop_token_ids(model.preprocessor.tokenizer)
+    want = reference.greedy_continuation(model, ids, 12, stops)
+    assert first[0]["text"] == _text(model, want)
+
+
+def test_chat_without_template_is_a_clear_client_error(server):
+    url, path = server
+    response = requests.post(
+        url + "/v1/chat/completions",
+        json={"model": path, "messages": [{"role": "user", "content": "hi"}]},
+        timeout=60,
+    )
+    assert 400 <= response.status_code < 500
+    assert "chat_template" in response.text
