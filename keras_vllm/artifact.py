@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import stat
 
 from keras_vllm.errors import ArtifactError
@@ -47,7 +48,33 @@ MAX_JSON_FILE_BYTES = 64 << 20
 MAX_DIM = 1 << 24
 MAX_ELEMENTS = 1 << 36
 MAX_FILES = 100_000
+MAX_FILE_BYTES = 1 << 42
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+
+# Every top-level manifest field of format 1.0 (`validate_manifest` refuses
+# others unless the artifact declares a newer minor version).
+MANIFEST_FIELDS = (
+    "format",
+    "format_version",
+    "written_by",
+    "created",
+    "preset",
+    "dtype",
+    "stop_token_ids",
+    "max_sequence_length",
+    "sampler_in_vllm",
+    "servable",
+    "unservable_reason",
+    "parameter_count",
+    "weights",
+    "backbone",
+    "causal_lm",
+    "tokenizer",
+    "preprocessor",
+    "sampler",
+    "files",
+)
+_PRESET_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 
 _CHUNK = 1 << 20
 
@@ -151,9 +178,38 @@ def read_json(path, limit=MAX_JSON_FILE_BYTES, what=None):
         )
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ArtifactError(f"{what} is not valid JSON: {e}.") from None
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise ArtifactError(f"Cannot read {what}: {e}.") from None
+    if len(data) > limit:
+        raise ArtifactError(f"{what} is more than the {limit} bytes allowed.")
+    try:
+        return json.loads(
+            data.decode("utf-8"),
+            object_pairs_hook=_unique_keys,
+            parse_constant=_no_constant,
+        )
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"{what} is not UTF-8 text: {e}.") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, huge ints
+        raise ArtifactError(
+            f"{what} is not valid JSON: {str(e)[:200]}. The file is corrupt "
+            "or was not written by keras-vllm; re-export the model."
+        ) from None
+
+
+def _unique_keys(pairs):
+    result = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key[:100]!r}")
+        result[key] = value
+    return result
+
+
+def _no_constant(name):
+    # NaN and Infinity are not JSON; Python's parser accepts them by default.
+    raise ValueError(f"non-standard constant {name}")
 
 
 def write_json(path, value):
@@ -241,14 +297,40 @@ def validate_manifest(manifest):
                 else "Re-export the model with this keras-vllm."
             )
         )
-    _field(manifest, "written_by", dict, "manifest")
+    if version[1] <= FORMAT_VERSION[1]:
+        # Fields are only added in newer minor versions, so an artifact of
+        # this or an older version holds no field this reader does not know.
+        unknown = sorted(set(manifest) - set(MANIFEST_FIELDS))
+        _expect(
+            not unknown,
+            f"unknown field '{str(unknown[0])[:100]}' (format "
+            f"{version[0]}.{version[1]} has no such field).",
+        )
+    written_by = _field(manifest, "written_by", dict, "manifest")
+    _expect(len(written_by) <= 32, "'written_by' has too many entries.")
+    for key, value in written_by.items():
+        _expect(
+            isinstance(value, str) and len(key) < 100 and len(value) < 100,
+            "'written_by' must map package names to version strings.",
+        )
+    for key in ("created", "unservable_reason"):
+        if manifest.get(key) is not None:
+            value = _field(manifest, key, str, "manifest")
+            _expect(len(value) < 10_000, f"'{key}' is too long.")
+    for key in ("servable", "sampler_in_vllm"):
+        if key in manifest:
+            _field(manifest, key, bool, "manifest")
+    if "parameter_count" in manifest:
+        count = _field(manifest, "parameter_count", int, "manifest")
+        _expect(0 <= count <= MAX_ELEMENTS, "'parameter_count' out of range.")
     for section in ("backbone", "causal_lm", "tokenizer", "preprocessor"):
         obj = _field(manifest, section, dict, "manifest")
         name = _field(obj, "registered_name", str, section)
         _expect(len(name) < 200, f"'{section}.registered_name' is too long.")
         _field(obj, "config", dict, section)
     sampler = _field(manifest, "sampler", dict, "manifest")
-    _field(sampler, "registered_name", str, "sampler")
+    name = _field(sampler, "registered_name", str, "sampler")
+    _expect(len(name) < 200, "'sampler.registered_name' is too long.")
     _field(sampler, "config", dict, "sampler")
     dtype = _field(manifest, "dtype", str, "manifest")
     _expect(
@@ -256,20 +338,36 @@ def validate_manifest(manifest):
         f"'dtype' is '{dtype}', expected one of {SUPPORTED_DTYPES}.",
     )
     stops = _field(manifest, "stop_token_ids", list, "manifest")
+    _expect(len(stops) <= 1000, "'stop_token_ids' is too long.")
     _expect(
-        all(isinstance(i, int) and 0 <= i < MAX_DIM for i in stops),
+        all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_DIM
+            for i in stops
+        ),
         "'stop_token_ids' must be non-negative integers.",
     )
     max_len = _field(manifest, "max_sequence_length", int, "manifest")
     _expect(0 < max_len <= MAX_DIM, "'max_sequence_length' out of range.")
     preset = manifest.get("preset")
     if preset is not None:
-        _field(preset, "handle", str, "preset")
+        handle = _field(preset, "handle", str, "preset")
+        _expect(0 < len(handle) < 4096, "'preset.handle' has a bad length.")
+        _expect("\x00" not in handle, "'preset.handle' holds a NUL byte.")
         files = _field(preset, "files", dict, "preset")
-        _expect(
-            all(isinstance(v, str) for v in files.values()),
-            "'preset.files' must map file names to SHA-256 strings.",
-        )
+        _expect(len(files) <= 10_000, "'preset.files' lists too many files.")
+        for name, digest in files.items():
+            # Plain file names inside the preset: never a path that could
+            # make the loader hash a file outside it.
+            _expect(
+                _PRESET_FILE.fullmatch(name) is not None
+                and name not in (".", ".."),
+                f"'preset.files' names '{name[:100]}', not a preset file "
+                "name.",
+            )
+            _expect(
+                _is_sha256(digest),
+                "'preset.files' must map file names to SHA-256 strings.",
+            )
     weights = _field(manifest, "weights", dict, "manifest")
     mode = _field(weights, "mode", str, "weights")
     _expect(
@@ -280,7 +378,24 @@ def validate_manifest(manifest):
         mode == "full" or preset is not None,
         f"'weights.mode' is '{mode}' but the manifest has no preset.",
     )
+    _expect(
+        weights.get("format", "orbax") == "orbax",
+        "'weights.format' must be 'orbax'.",
+    )
+    _expect(
+        weights.get("directory") in (None, WEIGHTS_DIR),
+        f"'weights.directory' must be '{WEIGHTS_DIR}' or null.",
+    )
+    _expect(
+        weights.get("lora", "merged") == "merged",
+        "'weights.lora' must be 'merged'.",
+    )
+    for key in ("bytes", "total_variables"):
+        if key in weights:
+            value = _field(weights, key, int, "weights")
+            _expect(0 <= value <= MAX_ELEMENTS * 8, f"'weights.{key}' out of range.")
     variables = _field(weights, "variables", dict, "weights")
+    _expect(len(variables) <= MAX_FILES, "too many weight variables listed.")
     for path, spec in variables.items():
         where = f"weights.variables['{path}']"
         _expect(
@@ -300,16 +415,22 @@ def validate_manifest(manifest):
     files = _field(manifest, "files", dict, "manifest")
     _expect(len(files) <= MAX_FILES, "too many files listed.")
     for rel, entry in files.items():
+        _expect(0 < len(rel) < 1000, "a file name has a bad length.")
         where = f"files['{rel}']"
         digest = _field(entry, "sha256", str, where)
-        _expect(
-            len(digest) == 64
-            and all(c in "0123456789abcdef" for c in digest),
-            f"{where}.sha256 is not a hex SHA-256.",
-        )
+        _expect(_is_sha256(digest), f"{where}.sha256 is not a hex SHA-256.")
         size = _field(entry, "bytes", int, where)
         _expect(size >= 0, f"{where}.bytes is negative.")
+        _expect(size <= MAX_FILE_BYTES, f"{where}.bytes is out of range.")
     return manifest
+
+
+def _is_sha256(digest):
+    return (
+        isinstance(digest, str)
+        and len(digest) == 64
+        and all(c in "0123456789abcdef" for c in digest)
+    )
 
 
 def read_manifest(directory):

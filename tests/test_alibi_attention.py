@@ -76,12 +76,13 @@ def _batch(rng, hq, hkv, head_dim, pad_tokens=5):
         cu = np.full(MAX_NUM_SEQS + 1, past, np.int32)
         cu[0] = 0
         table = np.roll(page_indices, -i * PAGES_PER_SEQ)
-        k = np.pad(hist_k[i][:past], pad)
-        v = np.pad(hist_v[i][:past], pad)
+        k = jnp.asarray(np.pad(hist_k[i][:past], pad), jnp.float32)
+        v = jnp.asarray(np.pad(hist_v[i][:past], pad), jnp.float32)
         _, cache = (rpa_hd64.ref_ragged_paged_attention_hd64
                     if head_dim == 64 else
                     rpa_kernel.ref_ragged_paged_attention)(
-                        jnp.zeros((past, hkv, cache_head_dim)), k, v,
+                        jnp.zeros((past, hkv, cache_head_dim), jnp.float32),
+                        k, v,
                         jnp.asarray(cache, jnp.float32), lens, table, cu,
                         np.array([0, 1, 1], np.int32))
     args = (queries, keys, values, cache, kv_lens, page_indices, cu_q_lens,

@@ -1,0 +1,237 @@
+"""The `keras-vllm` command line.
+
+    keras-vllm export PRESET OUT      export a preset (handle or directory)
+    keras-vllm inspect ARTIFACT       print a readable summary
+    keras-vllm verify ARTIFACT        check checksums and golden outputs
+    keras-vllm serve ARTIFACT ...     `vllm serve` with the artifact's defaults
+    keras-vllm demo                   the whole handoff on a tiny model, offline
+
+Exit codes: 0 success, 1 verification failed, 2 usage error, 3 the artifact
+or model was refused (the message says why).
+"""
+
+import argparse
+import logging
+import os
+import sys
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
+
+
+def _export(args):
+    import keras_hub
+
+    import keras_vllm
+
+    causal_lm = keras_hub.models.CausalLM.from_preset(
+        args.preset, dtype=args.dtype
+    )
+    if args.sampler:
+        causal_lm.compile(sampler=args.sampler)
+    path = keras_vllm.export_vllm(
+        causal_lm,
+        args.out,
+        preset=args.preset,
+        weights=args.weights,
+        overwrite=args.overwrite,
+        chat_template=args.chat_template,
+    )
+    print(f"exported {path}")
+    return EXIT_OK
+
+
+def _inspect(args):
+    from keras_vllm import artifact
+    from keras_vllm.inspect_artifact import summary
+
+    manifest = artifact.open_artifact(args.artifact, verify=not args.no_verify)
+    print(summary(args.artifact, manifest))
+    return EXIT_OK
+
+
+def _verify(args):
+    import keras_vllm
+    from keras_vllm import artifact
+    from keras_vllm.load.keras_loader import check_golden
+
+    manifest = artifact.open_artifact(args.artifact)
+    print(f"checksums       ok ({len(manifest['files'])} files)")
+    causal_lm = keras_vllm.load_causal_lm(args.artifact, verify=False)
+    failures = check_golden(causal_lm, args.artifact, manifest)
+    if failures:
+        for prompt, want, got in failures:
+            print(f"golden MISMATCH {prompt!r}: recorded {want}, got {got}")
+        return EXIT_FAILED
+    print("golden (keras)  ok")
+    if args.engine:
+        failures = _engine_golden(args.artifact)
+        if failures:
+            for prompt, want, got in failures:
+                print(f"engine MISMATCH {prompt!r}: recorded {want}, got {got}")
+            return EXIT_FAILED
+        print("golden (vllm)   ok")
+    return EXIT_OK
+
+
+def _engine_golden(path):
+    from keras_vllm import artifact
+    from keras_vllm.engine import KerasVllmEngine
+
+    golden = artifact.read_json(artifact.safe_join(path, artifact.GOLDEN_FILE))
+    engine = KerasVllmEngine.from_export(path)
+    from vllm import SamplingParams
+
+    stops = engine.manifest["stop_token_ids"]
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=golden["max_new_tokens"],
+        stop_token_ids=stops,
+        skip_special_tokens=False,
+    )
+    records = golden["outputs"]
+    outputs = engine.generate(
+        [{"prompt_token_ids": r["prompt_ids"]} for r in records], params
+    )
+    failures = []
+    for record, output in zip(records, outputs):
+        got = list(output.outputs[0].token_ids)
+        if got != record["output_ids"]:
+            failures.append((record["prompt"], record["output_ids"], got))
+    return failures
+
+
+def serve_command(path, extra):
+    """The `vllm serve` command line for an artifact."""
+    from keras_vllm import artifact
+    from keras_vllm.engine import serving_defaults
+
+    manifest = artifact.open_artifact(path)
+    defaults = serving_defaults(os.path.abspath(path), manifest, {})
+    command = [
+        os.path.join(os.path.dirname(sys.executable), "vllm"),
+        "serve",
+        os.path.abspath(path),
+        "--tokenizer-mode",
+        artifact.TOKENIZER_MODE,
+        "--dtype",
+        defaults["dtype"],
+        "--max-model-len",
+        str(defaults["max_model_len"]),
+    ]
+    given = {a.split("=")[0] for a in extra if a.startswith("--")}
+    for flag, value in (
+        ("--max-num-seqs", defaults.get("max_num_seqs")),
+        ("--max-num-batched-tokens", defaults.get("max_num_batched_tokens")),
+    ):
+        if value is not None and flag not in given:
+            command += [flag, str(value)]
+    return command + list(extra)
+
+
+def _serve(args):
+    command = serve_command(args.artifact, args.vllm_args)
+    print(" ".join(command), flush=True)
+    os.execv(command[0], command)
+
+
+def _demo(args):
+    from keras_vllm import demo
+
+    return demo.run(
+        family=args.family, workdir=args.workdir, steps=args.steps
+    )
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="keras-vllm",
+        description="Export fine-tuned KerasHub CausalLMs and serve them on "
+        "vLLM.",
+        epilog="Exit codes: 0 ok, 1 verification failed, 2 usage error, "
+        "3 refused (bad artifact or model; the message says why).",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show library logs"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "export",
+        help="export a KerasHub preset (handle or local directory)",
+        description="Load PRESET with keras_hub.models.CausalLM.from_preset "
+        "and write an artifact to OUT.",
+    )
+    p.add_argument("preset", help="preset handle or local preset directory")
+    p.add_argument("out", help="artifact directory to create")
+    p.add_argument("--dtype", default=None, help="e.g. float32, bfloat16")
+    p.add_argument(
+        "--weights",
+        default="auto",
+        choices=["auto", "delta", "full", "preset"],
+        help="which weights to store (default: auto)",
+    )
+    p.add_argument("--sampler", default=None, help="e.g. greedy, top_k")
+    p.add_argument("--chat-template", default=None, help="Jinja text or file")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=_export)
+
+    p = sub.add_parser("inspect", help="print a readable summary")
+    p.add_argument("artifact")
+    p.add_argument(
+        "--no-verify", action="store_true", help="skip checksum verification"
+    )
+    p.set_defaults(func=_inspect)
+
+    p = sub.add_parser(
+        "verify",
+        help="check checksums and replay the golden outputs",
+        description="Verify every file's checksum, rebuild the model in "
+        "Keras and replay the golden greedy outputs recorded at export. "
+        "With --engine, also replay them through the vLLM engine.",
+    )
+    p.add_argument("artifact")
+    p.add_argument("--engine", action="store_true", help="also run vLLM")
+    p.set_defaults(func=_verify)
+
+    p = sub.add_parser(
+        "serve",
+        help="run `vllm serve` on an artifact with its defaults",
+        description="Runs `vllm serve ARTIFACT` with the artifact's dtype, "
+        "max length and tokenizer mode. Extra arguments go to vLLM, e.g. "
+        "`keras-vllm serve out/ --port 8000`.",
+    )
+    p.add_argument("artifact")
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_serve)
+
+    p = sub.add_parser(
+        "demo",
+        help="fine-tune, export, serve and compare a tiny model, offline",
+    )
+    p.add_argument("--family", default="llama3")
+    p.add_argument("--workdir", default=None, help="default: a temp dir")
+    p.add_argument("--steps", type=int, default=100)
+    p.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv=None):
+    """Entry point of the `keras-vllm` command."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(message)s",
+    )
+    from keras_vllm import _env  # noqa: F401
+    from keras_vllm.errors import KerasVllmError
+
+    try:
+        return args.func(args)
+    except KerasVllmError as e:
+        print(f"keras-vllm: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

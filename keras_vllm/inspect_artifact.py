@@ -1,0 +1,53 @@
+"""Human-readable summaries of an artifact (used by `keras-vllm inspect`)."""
+
+import os
+
+from keras_vllm import artifact
+
+
+def _size(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def summary(path, manifest):
+    """Returns a multi-line summary of a validated manifest."""
+    weights = manifest["weights"]
+    preset = manifest.get("preset")
+    files = manifest["files"]
+    family = manifest["backbone"]["class_name"].removesuffix("Backbone")
+    lines = [
+        f"artifact        {os.path.abspath(path)}",
+        f"format          {artifact.FORMAT_NAME} "
+        f"{'.'.join(map(str, manifest['format_version']))}",
+        f"family          {family} ({manifest['causal_lm']['class_name']})",
+        f"parameters      {manifest.get('parameter_count', 0):,}",
+        f"dtype           {manifest['dtype']}",
+        f"preset          {preset['handle'] if preset else '(none)'}",
+        f"weights         {weights['mode']}: {len(weights['variables'])} of "
+        f"{weights.get('total_variables', '?')} variables, "
+        f"{_size(weights.get('bytes', 0))}",
+        f"tokenizer       {manifest['tokenizer']['class_name']}",
+        f"sampler         {manifest['sampler']['class_name']} "
+        f"{manifest['sampler']['config']}",
+        f"stop tokens     {manifest['stop_token_ids']}",
+        f"max length      {manifest['max_sequence_length']}",
+        f"servable        {'yes' if manifest.get('servable', True) else 'no'}",
+        f"written by      "
+        + ", ".join(f"{k} {v}" for k, v in sorted(manifest["written_by"].items())),
+        f"files           {len(files)} files, "
+        f"{_size(sum(f['bytes'] for f in files.values()))}",
+    ]
+    for rel in sorted(files):
+        if not rel.startswith(artifact.WEIGHTS_DIR + "/"):
+            lines.append(f"  {rel:<40} {_size(files[rel]['bytes'])}")
+    weight_files = [r for r in files if r.startswith(artifact.WEIGHTS_DIR + "/")]
+    if weight_files:
+        total = sum(files[r]["bytes"] for r in weight_files)
+        lines.append(
+            f"  {artifact.WEIGHTS_DIR + '/':<40} {_size(total)} "
+            f"({len(weight_files)} orbax files)"
+        )
+    return "\n".join(lines)
