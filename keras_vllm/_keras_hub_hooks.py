@@ -4,11 +4,20 @@
   the export method;
 - a record of the preset each model was loaded from, so an export can
   reference it without the user repeating the handle.
+
+keras-hub is not imported just for this (importing it pulls in TensorFlow
+and, where installed, vLLM and torch: seconds that `keras-vllm inspect` and
+vLLM's front-end process should not pay). If keras-hub is already imported
+the hooks are installed at once, otherwise right after its import.
 """
 
 import functools
+import importlib.abc
+import importlib.util
+import sys
 
 _INSTALLED = False
+_TARGET = "keras_hub.src.models.causal_lm"
 
 
 def _export_vllm(self, path, **kwargs):
@@ -32,8 +41,7 @@ def _record_preset(from_preset):
     return classmethod(wrapper)
 
 
-def install():
-    """Adds keras-vllm's hooks to keras-hub (idempotent)."""
+def _install_now():
     global _INSTALLED
     if _INSTALLED:
         return
@@ -46,8 +54,38 @@ def install():
 
     from keras_vllm.export.exporter import export_vllm
 
+    _INSTALLED = True
     _export_vllm.__doc__ = export_vllm.__doc__
     CausalLM.export_vllm = _export_vllm
     for base in (Task, Backbone):
         base.from_preset = _record_preset(base.__dict__["from_preset"])
-    _INSTALLED = True
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Installs the hooks once keras-hub's `CausalLM` module has loaded."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _TARGET:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_install(module):
+            exec_module(module)
+            _install_now()
+
+        spec.loader.exec_module = exec_and_install
+        return spec
+
+
+def install():
+    """Adds keras-vllm's hooks to keras-hub (idempotent)."""
+    if _INSTALLED:
+        return
+    if _TARGET in sys.modules:
+        _install_now()
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())

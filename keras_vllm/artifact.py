@@ -301,11 +301,12 @@ def validate_manifest(manifest):
         # Fields are only added in newer minor versions, so an artifact of
         # this or an older version holds no field this reader does not know.
         unknown = sorted(set(manifest) - set(MANIFEST_FIELDS))
-        _expect(
-            not unknown,
-            f"unknown field '{str(unknown[0])[:100]}' (format "
-            f"{version[0]}.{version[1]} has no such field).",
-        )
+        if unknown:
+            _expect(
+                False,
+                f"unknown field '{unknown[0][:100]}' (format "
+                f"{version[0]}.{version[1]} has no such field).",
+            )
     written_by = _field(manifest, "written_by", dict, "manifest")
     _expect(len(written_by) <= 32, "'written_by' has too many entries.")
     for key, value in written_by.items():
@@ -446,7 +447,12 @@ def read_manifest(directory):
             "by `export_vllm()`."
         )
     path = os.path.join(directory, MANIFEST_FILE)
-    if not os.path.isfile(path) or os.path.islink(path):
+    if os.path.islink(path):
+        raise ArtifactError(
+            f"'{path}' is a symbolic link. Artifacts hold plain files only; "
+            "copy the artifact instead of linking its files."
+        )
+    if not os.path.isfile(path):
         raise ArtifactError(
             f"'{directory}' has no {MANIFEST_FILE}: it is not a keras-vllm "
             "artifact, or its export did not finish. Export again with "
@@ -465,9 +471,11 @@ def verify_files(directory, manifest):
             resized or altered.
     """
     listed = manifest["files"]
+    # Links and special files first: refused without following or opening
+    # them (a FIFO would block a reader).
+    present = set(list_files(directory)) - {MANIFEST_FILE}
     for rel in listed:
         safe_join(directory, rel)
-    present = set(list_files(directory)) - {MANIFEST_FILE}
     missing = sorted(set(listed) - present)
     if missing:
         raise IntegrityError(

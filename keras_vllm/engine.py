@@ -120,7 +120,9 @@ class KerasVllmEngine:
     def from_export(cls, path, **engine_kwargs):
         """Starts a vLLM engine on a keras-vllm artifact.
 
-        The artifact is verified (checksums) first. Sampling defaults come
+        The artifact is verified first (checksums, manifest, consistency of
+        its files, class allowlist, preset availability, tokenizer), in this
+        process, so a bad artifact or setting is refused before vLLM starts. Sampling defaults come
         from the exported model's compiled sampler (`generation_config.json`),
         `max_model_len` from the artifact. Any `vllm.LLM` keyword argument
         overrides the defaults.
@@ -134,9 +136,17 @@ class KerasVllmEngine:
         """
         from keras_vllm import _env  # noqa: F401
 
+        from keras_vllm.load import keras_loader
+        from keras_vllm.load import validate
+
         path = os.path.abspath(os.fspath(path))
+        # Everything the engine process would refuse is refused here, in
+        # this process and without starting JAX, before vLLM starts (and
+        # before its memory profiling run).
         manifest = artifact.open_artifact(path)
+        validate.validate_artifact(path, manifest)
         kwargs = serving_defaults(path, manifest, engine_kwargs)
+        keras_loader.preflight(path, manifest)
         _choose_process_start_method()
         import vllm
 

@@ -19,21 +19,55 @@ _WEIGHTS = "model.weights.h5"
 _SHARDED_WEIGHTS = "model.weights.json"
 
 
-def _preset_file(handle, name):
+def _preset_file(handle, name, for_engine=False):
     from keras_hub.src.utils.preset_utils import get_file
 
     try:
         return get_file(handle, name)
     except Exception as e:  # keras-hub raises many types for a bad handle
+        if for_engine:
+            how = (
+                "copy the preset directory to that path on this machine"
+                if not _is_remote(handle)
+                else "warm keras-hub's cache on this machine with "
+                f"`keras_hub.models.Backbone.from_preset('{handle}')` where "
+                "the network exists (and set KAGGLEHUB_CACHE / HF_HOME to "
+                "the copied cache)"
+            )
+            hint = (
+                f"To serve it offline, {how}, or re-export the model with "
+                "`weights='full'` so the artifact needs no preset."
+            )
+        else:
+            hint = (
+                "On a machine without network access, copy the preset "
+                "directory to this machine and pass its path (e.g. "
+                "`load_causal_lm(path, preset='/models/my_preset')`), or warm "
+                "keras-hub's cache with "
+                "`keras_hub.models.Backbone.from_preset(handle)` where the "
+                "network exists, or export with `weights='full'`."
+            )
+        cause = " ".join(str(e).split())[:300]
         raise PresetUnavailableError(
             f"The preset '{handle}' that this artifact references is not "
-            f"available here ({type(e).__name__}: {e}). On a machine without "
-            "network access, copy the preset directory to this machine and "
-            "pass its path (e.g. `load_causal_lm(path, preset='/models/"
-            "my_preset')`), or warm keras-hub's cache with "
-            "`keras_hub.models.Backbone.from_preset(handle)` where the "
-            "network exists, or export with `weights='full'`."
+            f"available here. {hint} (Cause: {type(e).__name__}: {cause})"
         ) from None
+
+
+def _is_remote(handle):
+    return "://" in handle
+
+
+def check_available(handle, names):
+    """Checks that a preset and the named files resolve here, without
+    hashing them (the engine process hashes them when it loads weights).
+
+    Raises:
+        PresetUnavailableError: naming the handle and how to make it
+            available offline.
+    """
+    for name in names:
+        _preset_file(handle, name, for_engine=True)
 
 
 def backbone_files(handle):

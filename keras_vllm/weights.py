@@ -5,6 +5,8 @@ across processes and NNX on/off, unlike NNX state paths, so they are the
 interchange key. In the orbax tree they are nested by `/`.
 """
 
+import errno
+
 import numpy as np
 
 from keras_vllm.errors import ArtifactError
@@ -69,7 +71,17 @@ def save_weights(directory, weights):
     import orbax.checkpoint as ocp
 
     checkpointer = ocp.PyTreeCheckpointer()
-    checkpointer.save(directory, _nest(weights))
+    try:
+        checkpointer.save(directory, _nest(weights))
+    except OSError:
+        raise
+    except Exception as e:  # orbax/tensorstore wrap I/O errors
+        text = str(e)
+        if any(s in text for s in ("No space left", "ENOSPC", "errno=28")):
+            raise OSError(
+                errno.ENOSPC, f"No space left on device ({text[:200]})", directory
+            ) from e
+        raise
 
 
 def restore_weights(directory, specs):

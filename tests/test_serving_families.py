@@ -36,6 +36,12 @@ SERVED = {
     "qwen3": {},
     "qwen_moe": {},
     "qwen3_moe": {},
+    # "su" (LongRoPE) rotary. With a pretraining length of 48, the short
+    # prompts and their 32 new tokens stay within it (short factors) and the
+    # 63- and 67-token prompts exceed it from the start (long factors); a
+    # sequence that crosses it while decoding has no single Keras reference
+    # (generate() picks the prefill's factors by its padded max_length).
+    "phi3": dict(testing.PHI3_SU_ROPE_SCALING, pretraining_sequence_length=48),
 }
 
 

@@ -85,6 +85,11 @@ def check_target(target, overwrite):
                 "it (the old artifact stays intact until the new one is "
                 "complete), or choose another path."
             )
+    if os.path.lexists(parent) and not os.path.isdir(parent):
+        raise ExportError(
+            f"'{parent}' is not a directory, so '{target}' cannot be created "
+            "in it. Choose an export path inside a directory."
+        )
     if not os.path.isdir(parent):
         raise ExportError(
             f"The parent directory '{parent}' does not exist. Create it first."
@@ -122,6 +127,23 @@ def staged_directory(target, overwrite=False):
         yield staging
         _fsync_tree(staging)
         publish(staging, target, overwrite)
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        kept = (
+            f"the previous artifact at '{target}' is intact"
+            if os.path.lexists(target)
+            else f"nothing was written at '{target}'"
+        )
+        raise ExportError(
+            f"Writing the artifact failed ({e.strerror or e}"
+            + (f": {e.filename}" if e.filename else "")
+            + f"); {kept}. "
+            + (
+                "Free disk space, or export to another disk."
+                if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                else "Check the export directory and try again."
+            )
+        ) from e
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

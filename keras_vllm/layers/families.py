@@ -9,6 +9,7 @@ from keras_vllm.layers import gpt_neo_x  # noqa: F401
 from keras_vllm.layers import llama  # noqa: F401
 from keras_vllm.layers import mistral  # noqa: F401
 from keras_vllm.layers import mixtral  # noqa: F401
+from keras_vllm.layers import phi3  # noqa: F401
 from keras_vllm.layers import qwen  # noqa: F401
 from keras_vllm.layers import qwen3  # noqa: F401
 from keras_vllm.layers import qwen3_moe  # noqa: F401

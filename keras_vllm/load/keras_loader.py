@@ -12,46 +12,94 @@ from keras_vllm import reference
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
+from keras_vllm.load import validate
 
 logger = logging.getLogger("keras_vllm")
-
-# Any integer in a backbone/tokenizer/preprocessor config above this is
-# refused before a layer is built (hostile "huge dimension" manifests).
-MAX_CONFIG_INT = 1 << 22
-
-
-def _check_config_values(value, where):
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_config_values(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        if len(value) > 10_000:
-            raise ArtifactError(f"Invalid manifest: '{where}' is too long.")
-        for i, item in enumerate(value):
-            _check_config_values(item, f"{where}[{i}]")
-    elif isinstance(value, bool) or value is None:
-        return
-    elif isinstance(value, int):
-        if not -1 <= value <= MAX_CONFIG_INT:
-            raise ArtifactError(
-                f"Invalid manifest: '{where}' is {value}, outside "
-                f"[-1, {MAX_CONFIG_INT}]."
-            )
-    elif isinstance(value, float):
-        if not np.isfinite(value) or abs(value) > 1e12:
-            raise ArtifactError(f"Invalid manifest: '{where}' is {value}.")
-    elif isinstance(value, str):
-        if len(value) > 100_000:
-            raise ArtifactError(f"Invalid manifest: '{where}' is too long.")
-    else:
-        raise ArtifactError(f"Invalid manifest: '{where}' has a bad type.")
-
 
 def _config(manifest, role):
     section = manifest[role]
     config = dict(section["config"])
-    _check_config_values(config, f"{role}.config")
+    validate.check_config_values(config, f"{role}.config")
     return classes.resolve(section["registered_name"], role), config
+
+
+def _construct(cls, config, role):
+    """`cls.from_config(config)`, with any failure as an `ArtifactError`."""
+    try:
+        return cls.from_config(config)
+    except Exception as e:  # Keras and keras-hub raise many types
+        raise ArtifactError(
+            f"The artifact's {role} config does not build a {cls.__name__} "
+            f"({type(e).__name__}: {str(e)[:300]}). The manifest was altered "
+            "or written by another keras-hub; re-export the model."
+        ) from None
+
+
+# Keyword arguments every Keras layer accepts besides its own.
+_LAYER_KWARGS = ("name", "dtype", "trainable")
+
+
+def check_backbone_config(cls, config):
+    """Checks a backbone config's keys against its class's constructor
+    (reflection only: nothing is built, JAX is not started)."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters
+    allowed = {
+        name
+        for name, p in params.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    } | set(_LAYER_KWARGS)
+    unknown = sorted(set(config) - allowed)
+    if unknown:
+        raise ArtifactError(
+            f"The artifact's backbone config has '{unknown[0][:100]}', which "
+            f"{cls.__name__} does not take. The manifest was altered or "
+            "written by another keras-hub; re-export the model."
+        )
+    required = sorted(
+        name
+        for name, p in params.items()
+        if name != "self"
+        and p.default is p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and name not in config
+    )
+    if required:
+        raise ArtifactError(
+            f"The artifact's backbone config lacks '{required[0]}', which "
+            f"{cls.__name__} needs; re-export the model."
+        )
+
+
+def resolve_classes(manifest):
+    """Resolves every class of the artifact against the allowlist and checks
+    that they belong together (the task's backbone class, the
+    preprocessor's tokenizer class).
+
+    Returns:
+        `{role: class}`.
+    """
+    resolved = {
+        role: classes.resolve(manifest[role]["registered_name"], role)
+        for role in ("backbone", "causal_lm", "tokenizer", "preprocessor", "sampler")
+    }
+    expected = getattr(resolved["causal_lm"], "backbone_cls", None)
+    if expected is not None and not issubclass(resolved["backbone"], expected):
+        raise ArtifactError(
+            f"The artifact pairs a {resolved['causal_lm'].__name__} with a "
+            f"{resolved['backbone'].__name__}; the task expects a "
+            f"{expected.__name__}. The manifest was altered; re-export it."
+        )
+    expected = getattr(resolved["preprocessor"], "tokenizer_cls", None)
+    if expected is not None and not issubclass(resolved["tokenizer"], expected):
+        raise ArtifactError(
+            f"The artifact pairs a {resolved['preprocessor'].__name__} with a "
+            f"{resolved['tokenizer'].__name__}; the preprocessor expects a "
+            f"{expected.__name__}. The manifest was altered; re-export it."
+        )
+    check_backbone_config(resolved["backbone"], manifest["backbone"]["config"])
+    return resolved
 
 
 def _same_config(a, b):
@@ -79,7 +127,7 @@ def build_backbone(path, manifest, dtype=None, preset=None):
     weights = manifest["weights"]
     mode = weights["mode"]
     if mode == "full":
-        backbone = cls.from_config({**config, "dtype": dtype})
+        backbone = _construct(cls, {**config, "dtype": dtype}, "backbone")
     else:
         handle = preset or manifest["preset"]["handle"]
         presets.check_preset(handle, manifest["preset"]["files"])
@@ -128,7 +176,9 @@ def load_tokenizer(path, manifest=None):
     Returns:
         A `keras_hub.tokenizers.Tokenizer` with its assets loaded.
     """
-    manifest = manifest or artifact.open_artifact(path)
+    if manifest is None:
+        manifest = artifact.open_artifact(path)
+        validate.validate_artifact(path, manifest)
     section = manifest["tokenizer"]
     cls, config = _config(manifest, "tokenizer")
     assets = artifact.safe_join(path, artifact.TOKENIZER_ASSETS_DIR)
@@ -139,7 +189,7 @@ def load_tokenizer(path, manifest=None):
         raise ArtifactError(
             "The tokenizer assets on disk differ from those the manifest lists."
         )
-    tokenizer = cls.from_config(config)
+    tokenizer = _construct(cls, config, "tokenizer")
     try:
         tokenizer.load_assets(assets)
     except Exception as e:  # tokenizer libraries raise many types
@@ -151,7 +201,16 @@ def load_tokenizer(path, manifest=None):
         # `tokenize`, not `tokenizer(...)`: a Keras layer call would start
         # JAX, and vLLM loads the tokenizer in its parent process before it
         # forks the engine.
-        ids = [int(i) for i in np.asarray(tokenizer.tokenize(probe["text"]))]
+        try:
+            ids = [
+                int(i)
+                for i in np.asarray(tokenizer.tokenize(probe["text"])).reshape(-1)
+            ]
+        except Exception as e:  # tokenizer libraries raise many types
+            raise ArtifactError(
+                f"The tokenizer failed on a recorded probe ({type(e).__name__}:"
+                f" {str(e)[:200]}); its assets do not belong to this model."
+            ) from None
         if ids != probe["ids"]:
             raise IntegrityError(
                 "The tokenizer does not reproduce the token ids recorded at "
@@ -159,6 +218,23 @@ def load_tokenizer(path, manifest=None):
                 "this model."
             )
     return tokenizer
+
+
+def preflight(path, manifest):
+    """The checks `KerasVllmEngine.from_export` runs before vLLM starts.
+
+    Resolves every class against the allowlist, checks that a referenced
+    preset is available, and loads the tokenizer (replaying its recorded
+    probes). None of this starts a JAX runtime, so vLLM can still fork.
+
+    Raises:
+        ArtifactError: (or a subclass) as `load_causal_lm` would.
+    """
+    resolve_classes(manifest)
+    if manifest["weights"]["mode"] != "full":
+        preset = manifest["preset"]
+        presets.check_available(preset["handle"], sorted(preset["files"]))
+    load_tokenizer(path, manifest)
 
 
 def load_causal_lm(path, *, dtype=None, preset=None, verify=True):
@@ -188,14 +264,27 @@ def load_causal_lm(path, *, dtype=None, preset=None, verify=True):
     """
     path = os.fspath(path)
     manifest = artifact.open_artifact(path, verify=verify)
-    backbone = build_backbone(path, manifest, dtype=dtype, preset=preset)
+    validate.validate_artifact(path, manifest)
+    resolved = resolve_classes(manifest)
+    # The tokenizer first: it is cheap, and its probes catch swapped assets
+    # before any weight is allocated.
     tokenizer = load_tokenizer(path, manifest)
     pp_cls, pp_config = _config(manifest, "preprocessor")
-    preprocessor = pp_cls.from_config({**pp_config, "tokenizer": tokenizer})
-    lm_cls = classes.resolve(manifest["causal_lm"]["registered_name"], "causal_lm")
-    causal_lm = lm_cls(backbone=backbone, preprocessor=preprocessor)
+    preprocessor = _construct(
+        pp_cls, {**pp_config, "tokenizer": tokenizer}, "preprocessor"
+    )
     sampler_cls, sampler_config = _config(manifest, "sampler")
-    causal_lm.compile(sampler=sampler_cls.from_config(sampler_config))
+    sampler = _construct(sampler_cls, sampler_config, "sampler")
+    backbone = build_backbone(path, manifest, dtype=dtype, preset=preset)
+    lm_cls = resolved["causal_lm"]
+    try:
+        causal_lm = lm_cls(backbone=backbone, preprocessor=preprocessor)
+    except Exception as e:  # keras-hub raises many types
+        raise ArtifactError(
+            f"The artifact's classes do not build a {lm_cls.__name__} "
+            f"({type(e).__name__}: {str(e)[:300]}); re-export the model."
+        ) from None
+    causal_lm.compile(sampler=sampler)
     return causal_lm
 
 

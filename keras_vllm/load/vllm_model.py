@@ -18,6 +18,7 @@ from keras_vllm import artifact
 from keras_vllm.layers.context import ServingContext
 from keras_vllm.layers.context import serving_context
 from keras_vllm.layers.registry import swap_in_paged_layers
+from keras_vllm.load import validate
 from keras_vllm.load.keras_loader import build_backbone
 
 logger = logging.getLogger("keras_vllm")
@@ -46,6 +47,7 @@ class KerasVllmForCausalLM(nnx.Module):
     def load_weights(self, *args, **kwargs):
         """Builds the backbone from the artifact and swaps in paged layers."""
         manifest = artifact.open_artifact(self.artifact_path)
+        validate.validate_artifact(self.artifact_path, manifest)
         backbone = build_backbone(
             self.artifact_path, manifest, dtype=self.dtype_name
         )

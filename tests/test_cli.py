@@ -1,0 +1,81 @@
+"""The `keras-vllm` command line, run as a user would (subprocesses)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import trained
+from keras_vllm import testing
+
+CLI = [os.path.join(os.path.dirname(sys.executable), "keras-vllm")]
+
+
+def _run(*args, timeout=600):
+    return subprocess.run(
+        CLI + list(args), capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("cli") / "tiny_gpt2"
+    testing.save_tiny_preset(trained("gpt2"), str(directory))
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def exported(preset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli_out") / "artifact"
+    result = _run("export", preset, str(out), "--sampler", "greedy")
+    assert result.returncode == 0, result.stderr
+    return str(out)
+
+
+def test_help_lists_every_command():
+    result = _run("--help")
+    assert result.returncode == 0
+    for command in ("export", "inspect", "verify", "serve", "demo"):
+        assert command in result.stdout
+
+
+def test_usage_error_exit_code():
+    assert _run("inspect").returncode == 2
+
+
+def test_inspect_summarizes(exported, preset):
+    result = _run("inspect", exported)
+    assert result.returncode == 0, result.stderr
+    for text in ("GPT2", "preset", preset, "weights", "float32", "files"):
+        assert text in result.stdout
+
+
+def test_verify_passes_then_detects_corruption(exported, tmp_path):
+    result = _run("verify", exported)
+    assert result.returncode == 0, result.stderr
+    assert "golden (keras)  ok" in result.stdout
+    import shutil
+
+    broken = str(tmp_path / "broken")
+    shutil.copytree(exported, broken)
+    with open(os.path.join(broken, "golden.json"), "a") as f:
+        f.write(" ")
+    result = _run("verify", broken)
+    assert result.returncode == 3
+    assert "golden.json" in result.stderr
+
+
+def test_export_refuses_existing_path(exported, preset):
+    result = _run("export", preset, exported)
+    assert result.returncode == 3
+    assert "already exists" in result.stderr and "--overwrite" not in result.stdout
+
+
+def test_serve_command_uses_artifact_defaults(exported):
+    from keras_vllm.cli import serve_command
+
+    command = serve_command(exported, ["--port", "8123"])
+    assert command[1:3] == ["serve", os.path.abspath(exported)]
+    assert "--tokenizer-mode" in command and "keras_vllm" in command
+    assert command[-2:] == ["--port", "8123"]
