@@ -42,9 +42,6 @@ def serving_defaults(path, manifest, overrides):
         "seed": 0,
     }
     if detect.is_cpu_host():
-        # See keras_vllm/cpu/__init__.py: vLLM's async scheduling is not
-        # exact on the CPU backend.
-        kwargs["async_scheduling"] = False
         kwargs["max_num_batched_tokens"] = 2048
     kwargs.update(overrides)
     max_len = kwargs.get("max_model_len")

@@ -3,7 +3,8 @@
 Export records these as golden outputs, `verify` replays them, and tests
 compare vLLM against them. Generation runs one prompt at a time through the
 model's own compiled generate function, so no padding between prompts can
-change a result.
+change a result. `greedy_by_forward_pass` is the reference for a model whose
+cached `generate()` differs from its own forward pass (KerasHub's GPT-NeoX).
 """
 
 import numpy as np

@@ -20,8 +20,8 @@ host fails, in this order (tpu-inference 0.32.0, jax 0.11.2):
 5. On CPU, `jax.device_put` of an aligned numpy array aliases it; the runner
    reuses one host buffer for every step's inputs, so with vLLM 0.32's
    default async scheduling a step can read the next step's inputs (wrong
-   greedy tokens in a fraction of requests). See
-   `_patch_host_to_device_copies` and `disable_async_scheduling_if_cpu`.
+   greedy tokens in a fraction of requests). `_patch_host_to_device_copies`
+   copies instead; see `disable_async_scheduling_if_cpu`.
 
 Every patch keeps the original behaviour for non-CPU devices: each replaced
 function checks the devices it is about to use and delegates to the original
@@ -50,7 +50,7 @@ PINNED_VERSIONS = {"tpu-inference": "0.32.0", "vllm-tpu": "0.32.0"}
 MEMORY_ENV = "KERAS_VLLM_CPU_MEMORY_GB"
 DEFAULT_MEMORY_GB = 4.0
 
-# "1" keeps vLLM's async scheduling on CPU (default: turned off).
+# "0" turns vLLM's async scheduling off on CPU (default: vLLM's choice).
 ASYNC_ENV = "KERAS_VLLM_CPU_ASYNC_SCHEDULING"
 
 _GIB = 1 << 30
@@ -107,18 +107,18 @@ def apply_patches():
 
 
 def disable_async_scheduling_if_cpu(vllm_config):
-    """Turns vLLM's async scheduling off when serving on CPU.
+    """Turns vLLM's async scheduling off on CPU if the user asks for it.
 
     With vLLM 0.32's default `async_scheduling=True`, greedy outputs on JAX
-    CPU devices were nondeterministically wrong for some batches (94/588
-    requests in one measurement; a whole batch diverging at the same decode
-    step). The cause found: on CPU, uploads of the runner's reused host
-    buffer alias it (see `_patch_host_to_device_copies`, which fixes that;
-    with the fix a probe that forces the aliasing went from 4/48 wrong to
-    0/48). Async scheduling stays off on CPU by default anyway, as a
-    safeguard for correctness tests: it buys little on CPU, where host and
-    "device" share the same cores. Set `KERAS_VLLM_CPU_ASYNC_SCHEDULING=1`
-    to keep vLLM's choice.
+    CPU devices used to be nondeterministically wrong for some batches (94
+    of 588 requests in one measurement; a whole batch diverging at the same
+    decode step). The cause: on CPU, `jax.device_put` of an aligned numpy
+    array aliases it, and the runner refills its one reused host buffer
+    for step N+1 while step N may still read it. `_patch_host_to_device_copies`
+    fixes that (a probe forcing the aliasing went from 4/48 wrong to 0/48;
+    64 distinct prompts x 4 rounds x 32 tokens with async scheduling on:
+    0/256 wrong), so vLLM's default is kept. `KERAS_VLLM_CPU_ASYNC_SCHEDULING=0`
+    turns it off.
 
     Args:
         vllm_config: the `VllmConfig` being finalized.
@@ -126,13 +126,12 @@ def disable_async_scheduling_if_cpu(vllm_config):
     scheduler_config = getattr(vllm_config, "scheduler_config", None)
     if scheduler_config is None or not detect.is_cpu_host():
         return
-    if os.environ.get(ASYNC_ENV, "0").strip().lower() in ("1", "true"):
+    if os.environ.get(ASYNC_ENV, "1").strip().lower() not in ("0", "false"):
         return
     if scheduler_config.async_scheduling:
         scheduler_config.async_scheduling = False
         logger.warning(
-            "keras-vllm: async scheduling disabled on CPU (it has produced "
-            "wrong greedy tokens there; %s=1 keeps it on).", ASYNC_ENV)
+            "keras-vllm: async scheduling disabled on CPU (%s=0).", ASYNC_ENV)
 
 
 # ---------------------------------------------------------------------------

@@ -144,18 +144,30 @@ def check_config_values(value, where, depth=0):
             _fail(f"Invalid manifest: '{where}' has too many fields.")
         if "class_name" in value or "registered_name" in value:
             # A nested serialized Keras object: Keras would deserialize it,
-            # so only plain dtype policies are allowed.
-            if not (
-                value.get("module") == "keras"
+            # so only plain dtype policies and keras-hub's own registered
+            # classes (e.g. a vision encoder) are allowed.
+            module = value.get("module")
+            registered = value.get("registered_name")
+            dtype_policy = (
+                module == "keras"
                 and value.get("class_name") in _NESTED_ALLOWED
-                and value.get("registered_name") is None
-            ):
+                and registered is None
+            )
+            keras_hub_class = (
+                isinstance(module, str)
+                and _MODULE.fullmatch(module) is not None
+                and isinstance(registered, str)
+                and _REGISTERED_NAME.fullmatch(registered) is not None
+                and registered.split(">", 1)[1] == value.get("class_name")
+            )
+            if not (dtype_policy or keras_hub_class):
                 _fail(
                     f"The artifact's '{where}' is a serialized Keras object "
                     f"('{str(value.get('class_name'))[:100]}' from "
                     f"'{str(value.get('module'))[:100]}') that is not on the "
-                    "allowlist (only dtype policies may be nested in a "
-                    "config). The artifact was altered; re-export it."
+                    "allowlist (only dtype policies and keras-hub classes may "
+                    "be nested in a config). The artifact was altered; "
+                    "re-export it."
                 )
         for key, item in value.items():
             if not isinstance(key, str) or len(key) > 200:

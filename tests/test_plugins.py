@@ -1,0 +1,60 @@
+"""keras-vllm's vLLM plugin loads beside keras-hub 0.32's own plugin."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("tpu_inference")
+pytestmark = pytest.mark.serving
+
+SCRIPT = textwrap.dedent(
+    """
+    import importlib.metadata as md
+    names = {e.name: e.value for e in md.entry_points(group="vllm.general_plugins")}
+    assert names.get("keras_vllm") == "keras_vllm.plugin:register", names
+    assert "register_keras_hub" in names, names
+    platforms = {e.name for e in md.entry_points(group="vllm.platform_plugins")}
+    assert "keras_vllm_cpu" in platforms, platforms
+
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()   # runs both plugins, as every vLLM process does
+
+    import jax
+    from jax._src import xla_bridge
+    assert not xla_bridge._backends, "a plugin started JAX before vLLM forks"
+
+    from tpu_inference.models.common.model_loader import _MODEL_REGISTRY
+    from keras_vllm.load.vllm_model import KerasVllmForCausalLM
+    from keras_hub.src.vllm.keras_hub_vllm_wrapper import KerasHubVllmModel
+    assert _MODEL_REGISTRY["KerasVllmForCausalLM"] is KerasVllmForCausalLM
+    assert _MODEL_REGISTRY["KerasHubForCausalLM"] is KerasHubVllmModel
+
+    from vllm.model_executor.models.registry import ModelRegistry
+    archs = ModelRegistry.get_supported_archs()
+    assert "KerasVllmForCausalLM" in archs and "KerasHubForCausalLM" in archs
+
+    from vllm.tokenizers.registry import TokenizerRegistry
+    ours = TokenizerRegistry.load_tokenizer_cls("keras_vllm")
+    theirs = TokenizerRegistry.load_tokenizer_cls("keras_hub")
+    assert ours.__module__ == "keras_vllm.load.vllm_tokenizer", ours
+    assert theirs.__module__.startswith("keras_hub."), theirs
+
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    assert CONFIG_MAPPING["keras_vllm"].__module__ == "keras_vllm.load.hf_config"
+    assert CONFIG_MAPPING["keras_hub"].__module__.startswith("keras_hub.")
+    print("PLUGINS OK")
+    """
+)
+
+
+def test_both_plugins_register_their_own_names():
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert "PLUGINS OK" in result.stdout, result.stderr[-4000:]
