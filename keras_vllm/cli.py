@@ -5,6 +5,7 @@
     keras-vllm verify ARTIFACT        check checksums and golden outputs
     keras-vllm serve ARTIFACT ...     `vllm serve` with the artifact's defaults
     keras-vllm demo                   the whole handoff on a tiny model, offline
+    keras-vllm bench [--quick] ...    bench/run.py (source checkouts only)
 
 Exit codes: 0 success, 1 verification failed, 2 usage error, 3 the artifact
 or model was refused (the message says why).
@@ -142,6 +143,22 @@ def _demo(args):
     )
 
 
+def _bench(args):
+    # The benchmark lives in the repository (bench/run.py), not the package.
+    import runpy
+
+    script = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        "bench",
+        "run.py",
+    )
+    if not os.path.isfile(script):
+        print(f"keras-vllm: {script} not found; `keras-vllm bench` needs a "
+              "source checkout of keras-vllm.", file=sys.stderr)
+        return EXIT_USAGE
+    return runpy.run_path(script)["main"](args.bench_args)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-vllm",
@@ -212,6 +229,15 @@ def build_parser():
     p.add_argument("--workdir", default=None, help="default: a temp dir")
     p.add_argument("--steps", type=int, default=100)
     p.set_defaults(func=_demo)
+
+    p = sub.add_parser(
+        "bench",
+        help="run the A/B/C-seed/C serving benchmark (bench/run.py)",
+        description="Runs bench/run.py; arguments go to it (e.g. --quick, "
+        "--out FILE). See docs/benchmarks.md.",
+    )
+    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_bench)
     return parser
 
 

@@ -118,10 +118,19 @@ def install(point):
     elif point == "after_exchange":
         hook(staging, "_exchange", point, "after")
     elif point == "cleanup":
+        # Only the removal of the swapped-out old artifact after publishing
+        # (not the removal of stale staging directories at the start).
         import shutil
+        exchanged = []
+        exchange = staging._exchange
+        def exchange_and_flag(a, b):
+            result = exchange(a, b)
+            exchanged.append(result)
+            return result
+        staging._exchange = exchange_and_flag
         original = shutil.rmtree
         def rmtree(path, *a, **k):
-            if ".staging-" in str(path):
+            if exchanged and ".staging-" in str(path):
                 die(point)
             return original(path, *a, **k)
         staging.shutil.rmtree = rmtree

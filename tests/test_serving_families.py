@@ -41,7 +41,12 @@ SERVED = {
     # 63- and 67-token prompts exceed it from the start (long factors); a
     # sequence that crosses it while decoding has no single Keras reference
     # (generate() picks the prefill's factors by its padded max_length).
-    "phi3": dict(testing.PHI3_SU_ROPE_SCALING, pretraining_sequence_length=48),
+    # Factor lists become tuples: `trained()` caches on the overrides.
+    "phi3": {
+        key: tuple(value) if isinstance(value, list) else value
+        for key, value in testing.PHI3_SU_ROPE_SCALING.items()
+    }
+    | {"pretraining_sequence_length": 48},
 }
 
 

@@ -17,6 +17,10 @@ from keras_vllm import reference  # noqa: E402
 from keras_vllm import testing  # noqa: E402
 
 FAMILY = "llama3"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def _free_port():
@@ -36,6 +40,7 @@ def server(model, tmp_path_factory):
         tmp_path_factory.mktemp("serve") / "artifact",
         max_sequence_length=256,
         golden_prompts=testing.prompts()[:2],
+        chat_template=CHAT_TEMPLATE,
     )
     port = _free_port()
     vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
@@ -121,12 +126,42 @@ def test_request_without_sampling_params_follows_exported_sampler(
     assert first[0]["text"] == _text(model, want)
 
 
-def test_chat_without_template_is_a_clear_client_error(server):
+def test_chat_completion_uses_the_artifact_template(server, model):
     url, path = server
+    messages = [{"role": "user", "content": testing.prompts()[1]}]
     response = requests.post(
         url + "/v1/chat/completions",
-        json={"model": path, "messages": [{"role": "user", "content": "hi"}]},
-        timeout=60,
+        json={
+            "model": path,
+            "messages": messages,
+            "max_tokens": 12,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+        timeout=120,
     )
-    assert 400 <= response.status_code < 500
-    assert "chat_template" in response.text
+    assert response.status_code == 200, response.text
+    body = response.json()
+    prompt_ids = body["prompt_token_ids"]
+    tokenizer = model.preprocessor.tokenizer
+    rendered = f"user: {messages[0]['content']}\nassistant:"
+    assert tokenizer.detokenize(
+        [i for i in prompt_ids if i not in tokenizer.special_token_ids]
+    ) == rendered
+    want = reference.greedy_continuation(model, prompt_ids, 12, [])
+    assert body["choices"][0]["token_ids"] == want
+
+
+def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
+    url, path = server
+    for body in (
+        {"prompt": "a", "max_tokens": -3},
+        {"prompt": "a", "temperature": "hot"},
+        {"prompt": "a " * 400, "max_tokens": 4},
+    ):
+        response = requests.post(
+            url + "/v1/completions", json={"model": path, **body}, timeout=60
+        )
+        assert 400 <= response.status_code < 500, (body, response.text)
+    assert _complete(url, path, prompt="a", max_tokens=2)
