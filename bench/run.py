@@ -503,6 +503,9 @@ def measure_engine(system, spec, prompts, t_spawn):
 
 def _worker(args):
     t_spawn = float(os.environ.get("KERAS_VLLM_BENCH_SPAWN", time.time()))
+    # Before anything imports keras (keras_hub does).
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    os.environ.setdefault("KERAS_NNX_ENABLED", "true")
     with open(args.spec) as f:
         spec = json.load(f)
     if args.worker == "prepare":

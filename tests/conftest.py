@@ -20,7 +20,12 @@ def trained_model(family, **overrides):
 
 
 def trained(family, **overrides):
-    return trained_model(family, **dict(sorted(overrides.items())))
+    # Lists (e.g. rope factors) become tuples so the cache can key on them.
+    frozen = {
+        key: tuple(value) if isinstance(value, list) else value
+        for key, value in sorted(overrides.items())
+    }
+    return trained_model(family, **frozen)
 
 
 @pytest.fixture(scope="session")

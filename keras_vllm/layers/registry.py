@@ -161,6 +161,26 @@ def swap_in_paged_layers(backbone):
     return attention
 
 
+def supported_families_table():
+    """The README's table of served layers, generated from the registry.
+
+    Returns:
+        A Markdown table: one row per family module of `keras_vllm/layers/`
+        with the KerasHub classes it serves.
+    """
+    rows = {}
+    for base, paged in registered_classes().items():
+        family = paged.__module__.rsplit(".", 1)[-1]
+        rows.setdefault(family, []).append(f"`{base.__name__}`")
+    lines = [
+        "| module `keras_vllm/layers/` | KerasHub layers served |",
+        "|---|---|",
+    ]
+    for family in sorted(rows):
+        lines.append(f"| `{family}.py` | {', '.join(sorted(rows[family]))} |")
+    return "\n".join(lines)
+
+
 def _import_families():
     # The family modules register themselves on import.
     from keras_vllm.layers import families  # noqa: F401
