@@ -236,15 +236,18 @@ def build_parser():
         description="Runs bench/run.py; arguments go to it (e.g. --quick, "
         "--out FILE). See docs/benchmarks.md.",
     )
-    p.add_argument("bench_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_bench)
+    p.set_defaults(func=_bench)  # its arguments: see main()
     return parser
 
 
 def main(argv=None):
     """Entry point of the `keras-vllm` command."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "bench":
+        args.bench_args = extra  # everything goes to bench/run.py
+    elif extra:
+        parser.error("unrecognized arguments: " + " ".join(extra))
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(message)s",
