@@ -125,5 +125,7 @@ def test_vllm_native_llama_on_cpu_matches_transformers(tmp_path, head_dim):
     result = next(line for line in proc.stdout.splitlines()
                   if line.startswith("RESULT "))
     assert json.loads(result[len("RESULT "):]) == expected, log[-6000:]
-    assert "ASYNC False" in proc.stdout
+    # vLLM keeps its default async scheduling on the CPU backend, and the
+    # greedy tokens above are exact with it.
+    assert "ASYNC True" in proc.stdout
     assert "serving with tpu-inference on JAX CPU devices" in log
