@@ -409,6 +409,8 @@ def validate_manifest(manifest):
             vdtype in SUPPORTED_DTYPES,
             f"{where}.dtype '{vdtype}' is not one of {SUPPORTED_DTYPES}.",
         )
+        index = _field(spec, "index", int, where)
+        _expect(0 <= index < MAX_FILES, f"{where}.index out of range.")
     _expect(
         mode != "preset" or not variables,
         "'weights.mode' is 'preset' but variables are listed.",

@@ -7,6 +7,8 @@ interchange key. In the orbax tree they are nested by `/`.
 
 import errno
 
+import re
+
 import numpy as np
 
 from keras_vllm.errors import ArtifactError
@@ -26,17 +28,55 @@ def _is_lora_factor(variable):
     return variable.path.rsplit("/", 1)[-1] in ("lora_kernel_a", "lora_kernel_b")
 
 
+def ordered_variables(backbone):
+    """The backbone's variables in their (deterministic) order, LoRA factors
+    excluded. A variable's position here is its `index` in the manifest."""
+    return [v for v in backbone.weights if not _is_lora_factor(v)]
+
+
+def canonical_path(path):
+    """A variable path without Keras' per-process auto-numbering.
+
+    Layers that KerasHub does not name explicitly get names such as
+    `mixtral_sparse_moe_block_3`, numbered by how many were built before in
+    the process, so the same variable can have another path in another
+    process. Stripping trailing `_<n>` from every component gives a name to
+    check a match by position against.
+    """
+    return "/".join(re.sub(r"(_\d+)+$", "", part) for part in path.split("/"))
+
+
+def match_variable(variables, path, index):
+    """The variable at `index` of `ordered_variables`, checked against `path`.
+
+    Raises:
+        ArtifactError: if the position is out of range or holds another
+            variable.
+    """
+    if not isinstance(index, int) or not 0 <= index < len(variables):
+        raise ArtifactError(
+            f"Variable '{path}' has index {index!r}, outside the backbone's "
+            f"{len(variables)} variables."
+        )
+    variable = variables[index]
+    if canonical_path(variable.path) != canonical_path(path):
+        raise ArtifactError(
+            f"The artifact stores variable '{path}' at position {index}, "
+            f"where the rebuilt backbone has '{variable.path}'."
+        )
+    return variable
+
+
 def backbone_weights(backbone):
-    """Returns `{variable.path: numpy array}` with LoRA adapters merged.
+    """Returns `{variable.path: numpy array}` with LoRA adapters merged, in
+    `ordered_variables` order.
 
     LoRA factors are folded into their kernels (as keras-hub's own
     `save_to_preset` does) so the result loads into the plain backbone.
     """
     merged = _lora_merged_kernels(backbone)
     weights = {}
-    for variable in backbone.weights:
-        if _is_lora_factor(variable):
-            continue
+    for variable in ordered_variables(backbone):
         value = merged.get(id(variable), variable.value)
         if variable.path in weights:
             raise ArtifactError(f"Duplicate variable path '{variable.path}'.")

@@ -126,9 +126,10 @@ def test_delta_refuses_changed_preset(llama_preset, tmp_path):
     path = causal_lm.export_vllm(tmp_path / "delta")
     copy = str(tmp_path / "preset_copy")
     shutil.copytree(llama_preset, copy)
-    with open(os.path.join(copy, "model.weights.h5"), "r+b") as f:
-        f.seek(-8, os.SEEK_END)
-        f.write(b"\x00" * 8)
+    weights_file = os.path.join(copy, "model.weights.h5")
+    data = bytearray(open(weights_file, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(weights_file, "wb").write(bytes(data))
     with pytest.raises(keras_vllm.IntegrityError, match="model.weights.h5"):
         keras_vllm.load_causal_lm(path, preset=copy)
     with pytest.raises(keras_vllm.PresetUnavailableError, match="not available"):

@@ -125,16 +125,21 @@ def _delta_against_preset(backbone, weights, handle):
             f"'{handle}', so its weights cannot be stored as a delta. Export "
             "with `weights='full'`, or pass the preset it was built from."
         )
-    base_weights = weight_io.backbone_weights(base)
-    if set(base_weights) != set(weights):
+    base_weights = list(weight_io.backbone_weights(base).items())
+    if len(base_weights) != len(weights) or any(
+        weight_io.canonical_path(a) != weight_io.canonical_path(b)
+        for a, (b, _) in zip(weights, base_weights)
+    ):
         raise ExportError(
             f"The model's variables do not match the preset '{handle}'. "
             "Export with `weights='full'`."
         )
+    # Compared by position: auto-named layers get other paths in a second
+    # model built in the same process.
     return {
         path: value
-        for path, value in weights.items()
-        if not np.array_equal(value, base_weights[path])
+        for (path, value), (_, base_value) in zip(weights.items(), base_weights)
+        if not np.array_equal(value, base_value)
     }
 
 
@@ -296,6 +301,7 @@ def export_vllm(
 
     logger.info("keras-vllm: collecting weights")
     all_weights = weight_io.backbone_weights(backbone)
+    order = {path: i for i, path in enumerate(all_weights)}
     preset_section = None
     if handle is not None and weights != "full":
         preset_section = {
@@ -367,7 +373,11 @@ def export_vllm(
                 "directory": artifact.WEIGHTS_DIR if stored else None,
                 "lora": "merged",
                 "variables": {
-                    p: {"shape": list(v.shape), "dtype": str(v.dtype)}
+                    p: {
+                        "shape": list(v.shape),
+                        "dtype": str(v.dtype),
+                        "index": order[p],
+                    }
                     for p, v in sorted(stored.items())
                 },
                 "bytes": int(sum(v.nbytes for v in stored.values())),

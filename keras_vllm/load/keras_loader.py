@@ -140,26 +140,26 @@ def build_backbone(path, manifest, dtype=None, preset=None):
                 f"The preset '{handle}' holds a different backbone than the "
                 "one this artifact was exported from."
             )
-    variables = {v.path: v for v in backbone.weights}
+    ordered = weight_io.ordered_variables(backbone)
+    variables = {}
     specs = {}
     for var_path, spec in weights["variables"].items():
-        target = variables.get(var_path)
-        if target is None:
-            raise ArtifactError(
-                f"The artifact stores variable '{var_path}', which the "
-                f"rebuilt {cls.__name__} does not have."
-            )
+        # Matched by position (paths of auto-named layers differ between
+        # processes); the path must agree up to auto-numbering.
+        target = weight_io.match_variable(ordered, var_path, spec.get("index"))
+        variables[var_path] = target
         if tuple(target.shape) != tuple(spec["shape"]):
             raise ArtifactError(
                 f"Variable '{var_path}' has shape {tuple(spec['shape'])} in "
                 f"the artifact but {tuple(target.shape)} in the backbone."
             )
         specs[var_path] = (tuple(spec["shape"]), spec["dtype"])
-    if mode == "full" and set(specs) != set(variables):
-        missing = sorted(set(variables) - set(specs))
+    if mode == "full" and len(specs) != len(ordered):
+        stored = {id(v) for v in variables.values()}
+        missing = [v.path for v in ordered if id(v) not in stored]
         raise ArtifactError(
             f"The artifact is a full export but lacks variable "
-            f"'{missing[0]}'."
+            f"'{(missing or ['?'])[0]}'."
         )
     if specs:
         directory = artifact.safe_join(path, artifact.WEIGHTS_DIR)
