@@ -165,3 +165,37 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
         )
         assert 400 <= response.status_code < 500, (body, response.text)
     assert _complete(url, path, prompt="a", max_tokens=2)
+
+
+def test_64_concurrent_clients_get_exact_answers(server, model):
+    """64 clients at once on loopback, a bounded number of requests each:
+    none fails or is lost, and every greedy answer equals the sequential one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, path = server
+    corpus = testing.corpus()
+    prompts = [
+        " ".join(corpus[i % len(corpus)].split()[: 2 + i % 5]) for i in range(64)
+    ]
+    expected = {}
+    for text in set(prompts):
+        ids = reference.prompt_token_ids(model, text)
+        expected[text] = reference.greedy_continuation(model, ids, 8, [])
+
+    def client(text):
+        choices = _complete(
+            url,
+            path,
+            prompt=text,
+            max_tokens=8,
+            temperature=0.0,
+            ignore_eos=True,
+            return_token_ids=True,
+        )
+        return text, choices[0]["token_ids"]
+
+    with ThreadPoolExecutor(max_workers=64) as pool:
+        results = list(pool.map(client, prompts * 2, timeout=600))
+    assert len(results) == 128
+    wrong = [(t, got) for t, got in results if got != expected[t]]
+    assert not wrong, wrong[:3]
