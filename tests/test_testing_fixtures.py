@@ -117,14 +117,8 @@ def test_continuations_depend_on_prompt(trained):
     assert distinct >= 4, (family, continuations)
 
 
-# A few families for the (slower) cache-free reference decoding check.
-REFERENCE_FAMILIES = ("gpt2", "gemma2", "bloom", "gpt_neo_x")
-
-
 def test_generate_matches_greedy_reference(trained, request):
     family, causal_lm, _ = trained
-    if family not in REFERENCE_FAMILIES:
-        pytest.skip("reference decoding is checked on a few families only")
     if family == "gpt_neo_x":
         request.applymarker(
             pytest.mark.xfail(
