@@ -13,39 +13,19 @@ from keras_hub.src.models.qwen3_moe.qwen3_moe_attention import (
     Qwen3MoeAttention,
 )
 
-from keras_vllm.layers.base import KVCacheSpec
 from keras_vllm.layers.base import PagedAttention
+from keras_vllm.layers.qwen3 import PagedQwen3Attention
 from keras_vllm.layers.registry import register_paged
 
 
 @register_paged(Qwen3MoeAttention)
 class PagedQwen3MoeAttention(Qwen3MoeAttention, PagedAttention):
-    """`Qwen3MoeAttention` over vLLM's paged KV cache."""
+    """`Qwen3MoeAttention` over vLLM's paged KV cache.
 
-    def kv_cache_spec(self):
-        return KVCacheSpec(
-            num_query_heads=self.num_query_heads,
-            num_kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-        )
+    The attention has Qwen 3's sublayers and attribute names, so it runs
+    Qwen 3's paged methods unchanged (plain functions; they only read
+    attributes both classes define).
+    """
 
-    def call(
-        self,
-        hidden_states,
-        attention_mask=None,
-        cache=None,
-        cache_update_index=None,
-        training=None,
-    ):
-        positions = self.serving_positions()
-        rope = self.rotary_embedding_layer
-        query = self._query_dense_layer_norm(self._query_dense(hidden_states))
-        query = rope(query, positions=positions)
-        key = self._key_dense_layer_norm(self._key_dense(hidden_states))
-        key = rope(key, positions=positions)
-        value = self._value_dense(hidden_states)
-        out = self.paged_attend(
-            query, key, value, sm_scale=self._inv_norm_factor
-        )
-        out = self._output_dense(out)
-        return (out, cache) if cache is not None else out
+    kv_cache_spec = PagedQwen3Attention.kv_cache_spec
+    call = PagedQwen3Attention.call
