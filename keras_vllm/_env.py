@@ -8,6 +8,8 @@ aborts the child).
 
 import os
 
+from keras_vllm import logs
+
 
 def configure_environment():
     """Sets the JAX backend and NNX mode unless the user chose otherwise.
@@ -24,3 +26,4 @@ def configure_environment():
 
 
 configure_environment()
+logs.install_false_alarm_filters()

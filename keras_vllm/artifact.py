@@ -15,6 +15,7 @@ import os
 import re
 import stat
 
+from keras_vllm import progress
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.errors import VersionSkewError
@@ -88,6 +89,7 @@ def sha256_file(path):
             if not chunk:
                 break
             digest.update(chunk)
+            progress.advance(len(chunk))
     return digest.hexdigest()
 
 
@@ -508,17 +510,23 @@ def verify_files(directory, manifest):
             )
 
 
-def open_artifact(directory, verify=True):
+def open_artifact(directory, verify=True, verbose=False):
     """Reads the manifest and (by default) verifies every file's checksum.
 
     Args:
         directory: path of an artifact directory.
         verify: whether to check file sizes and checksums.
+        verbose: progress of the verification (see `keras_vllm.progress`);
+            off by default, for the many processes that re-open an artifact.
 
     Returns:
         The validated manifest dict.
     """
     manifest = read_manifest(directory)
     if verify:
-        verify_files(os.fspath(directory), manifest)
+        total = sum(entry["bytes"] for entry in manifest["files"].values())
+        with progress.phase(
+            "verifying checksums", total=total, unit="bytes", verbose=verbose
+        ):
+            verify_files(os.fspath(directory), manifest)
     return manifest

@@ -55,7 +55,7 @@ def _verify(args):
     from keras_vllm import artifact
     from keras_vllm.load.keras_loader import check_golden
 
-    manifest = artifact.open_artifact(args.artifact)
+    manifest = artifact.open_artifact(args.artifact, verbose="auto")
     print(f"checksums       ok ({len(manifest['files'])} files)")
     causal_lm = keras_vllm.load_causal_lm(args.artifact, verify=False)
     failures = check_golden(causal_lm, args.artifact, manifest)
@@ -65,7 +65,7 @@ def _verify(args):
         return EXIT_FAILED
     print("golden (keras)  ok")
     if args.engine:
-        failures = _engine_golden(args.artifact)
+        failures = _engine_golden(args.artifact, args)
         if failures:
             for prompt, want, got in failures:
                 print(f"engine MISMATCH {prompt!r}: recorded {want}, got {got}")
@@ -74,15 +74,21 @@ def _verify(args):
     return EXIT_OK
 
 
-def _engine_golden(path):
+def _verbose(args):
+    """`verbose` for the library calls: see `keras_vllm.progress`."""
+    if args.verbose:
+        return True
+    return False if args.quiet else "auto"
+
+
+def _engine_golden(path, args):
     from keras_vllm import artifact
     from keras_vllm.engine import KerasVllmEngine
 
     golden = artifact.read_json(artifact.safe_join(path, artifact.GOLDEN_FILE))
-    engine = KerasVllmEngine.from_export(path)
     from vllm import SamplingParams
 
-    stops = engine.manifest["stop_token_ids"]
+    stops = artifact.open_artifact(path, verify=False)["stop_token_ids"]
     params = SamplingParams(
         temperature=0.0,
         max_tokens=golden["max_new_tokens"],
@@ -90,9 +96,12 @@ def _engine_golden(path):
         skip_special_tokens=False,
     )
     records = golden["outputs"]
-    outputs = engine.generate(
-        [{"prompt_token_ids": r["prompt_ids"]} for r in records], params
-    )
+    with KerasVllmEngine.from_export(path, verbose=_verbose(args)) as engine:
+        outputs = engine.generate(
+            [{"prompt_token_ids": r["prompt_ids"]} for r in records],
+            params,
+            use_tqdm=False,
+        )
     failures = []
     for record, output in zip(records, outputs):
         got = list(output.outputs[0].token_ids)
@@ -130,8 +139,18 @@ def serve_command(path, extra):
 
 
 def _serve(args):
+    from keras_vllm import logs
+
     command = serve_command(args.artifact, args.vllm_args)
     print(" ".join(command), flush=True)
+    if not args.verbose:
+        print(
+            "keras-vllm: vLLM logs warnings and errors only (-v for all); "
+            "the server is ready when Uvicorn says 'Application startup "
+            "complete'.",
+            file=sys.stderr,
+            flush=True,
+        )
     os.execv(command[0], command)
 
 
@@ -167,8 +186,18 @@ def build_parser():
         epilog="Exit codes: 0 ok, 1 verification failed, 2 usage error, "
         "3 refused (bad artifact or model; the message says why).",
     )
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="show library logs"
+    noise = parser.add_mutually_exclusive_group()
+    noise.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print every phase and all library logs, vLLM's included",
+    )
+    noise.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress lines (they are drawn only on a terminal anyway)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -253,10 +282,21 @@ def main(argv=None):
         format="%(message)s",
     )
     from keras_vllm import _env  # noqa: F401
+    from keras_vllm import logs
     from keras_vllm.errors import KerasVllmError
 
+    if args.verbose:
+        os.environ[logs.VERBOSE_ENV] = "1"
+    else:
+        # This process is ours: quiet from the start (TensorFlow and vLLM
+        # read their settings when imported).
+        logs.apply_quiet_environment()
+
+    from keras_vllm import progress
+
     try:
-        return args.func(args)
+        with progress.verbosity(_verbose(args)):
+            return args.func(args)
     except KerasVllmError as e:
         print(f"keras-vllm: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_REFUSED

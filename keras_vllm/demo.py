@@ -61,14 +61,13 @@ def run(family="llama3", workdir=None, steps=100):
 
     _step("serving side: start the vLLM engine on the artifact")
     t = time.time()
-    engine = keras_vllm.KerasVllmEngine.from_export(path)
-    print(f"    engine ready in {time.time() - t:.0f} s")
-
     from vllm import SamplingParams
 
     prompts = testing.prompts()
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    outputs = engine.generate(prompts, params)
+    with keras_vllm.KerasVllmEngine.from_export(path) as engine:
+        print(f"    engine ready in {time.time() - t:.0f} s")
+        outputs = engine.generate(prompts, params, use_tqdm=False)
     matches = 0
     for text, output in zip(prompts, outputs):
         ids = reference.prompt_token_ids(causal_lm, text)

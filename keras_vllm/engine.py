@@ -4,6 +4,8 @@ import logging
 import os
 
 from keras_vllm import artifact
+from keras_vllm import logs
+from keras_vllm import progress
 from keras_vllm.errors import ServingError
 
 logger = logging.getLogger("keras_vllm")
@@ -114,7 +116,7 @@ class KerasVllmEngine:
         self.manifest = manifest
 
     @classmethod
-    def from_export(cls, path, **engine_kwargs):
+    def from_export(cls, path, verbose="auto", **engine_kwargs):
         """Starts a vLLM engine on a keras-vllm artifact.
 
         The artifact is verified first (checksums, manifest, consistency of
@@ -124,8 +126,15 @@ class KerasVllmEngine:
         `max_model_len` from the artifact. Any `vllm.LLM` keyword argument
         overrides the defaults.
 
+        vLLM's start-up logs are kept to warnings and errors unless
+        `verbose=True` (or `KERAS_VLLM_VERBOSE=1`); on a terminal one
+        progress line per phase shows what is happening.
+
         Args:
             path: the artifact directory.
+            verbose: `"auto"` draws progress lines on a terminal (not in CI);
+                `True` prints the phases and all of vLLM's logs; `False`
+                prints neither.
             **engine_kwargs: passed to `vllm.LLM`.
 
         Returns:
@@ -137,23 +146,53 @@ class KerasVllmEngine:
         from keras_vllm.load import validate
 
         path = os.path.abspath(os.fspath(path))
-        # Everything the engine process would refuse is refused here, in
-        # this process and without starting JAX, before vLLM starts (and
-        # before its memory profiling run).
-        manifest = artifact.open_artifact(path)
-        validate.validate_artifact(path, manifest)
-        kwargs = serving_defaults(path, manifest, engine_kwargs)
-        keras_loader.preflight(path, manifest)
-        _choose_process_start_method()
-        import vllm
+        with progress.verbosity(verbose):
+            # Everything the engine process would refuse is refused here, in
+            # this process and without starting JAX, before vLLM starts (and
+            # before its memory profiling run).
+            manifest = artifact.open_artifact(path, verbose="auto")
+            with progress.phase("checking the artifact"):
+                validate.validate_artifact(path, manifest)
+                kwargs = serving_defaults(path, manifest, engine_kwargs)
+                keras_loader.preflight(path, manifest)
+            _choose_process_start_method()
+            loud = verbose is True or logs.verbose_requested()
+            with logs.serving_logs(loud), progress.phase(
+                "starting the vLLM engine (load, compile, warm up)", live=not loud
+            ):
+                import vllm
 
-        from keras_vllm import plugin
+                from keras_vllm import plugin
 
-        # vLLM loads entry points in each process it starts; registering
-        # here too covers an in-process engine and editable installs.
-        plugin.register()
-        llm = vllm.LLM(**kwargs)
+                # vLLM loads entry points in each process it starts;
+                # registering here too covers an in-process engine and
+                # editable installs.
+                plugin.register()
+                llm = vllm.LLM(**kwargs)
         return cls(llm, path, manifest)
+
+    def shutdown(self):
+        """Stops the vLLM engine and frees its KV cache and processes.
+
+        The engine cannot generate afterwards. `with` does this on exit:
+
+        ```python
+        with keras_vllm.KerasVllmEngine.from_export(path) as engine:
+            outputs = engine.generate(["The quick brown fox"])
+        ```
+        """
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.shutdown()
 
     def generate(self, prompts, sampling_params=None, **kwargs):
         """Generates completions; see `vllm.LLM.generate`.
@@ -167,6 +206,11 @@ class KerasVllmEngine:
         Returns:
             A list of vLLM `RequestOutput`.
         """
+        if "llm" not in self.__dict__:
+            raise RuntimeError(
+                "This KerasVllmEngine was shut down; start a new one with "
+                "`KerasVllmEngine.from_export(path)`."
+            )
         if sampling_params is None:
             sampling_params = self.llm.get_default_sampling_params()
         return self.llm.generate(prompts, sampling_params, **kwargs)

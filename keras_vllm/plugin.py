@@ -25,7 +25,9 @@ def platform_plugin():
 def register():
     """Registers keras-vllm's config, model and tokenizer with vLLM."""
     from keras_vllm import _env  # noqa: F401
+    from keras_vllm import logs
 
+    logs.show_info_when_verbose()
     os.environ.setdefault("KERAS_BACKEND", "jax")
     from keras_vllm.cpu import detect
 

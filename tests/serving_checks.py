@@ -6,6 +6,7 @@ scheduling) on a fine-tuned tiny model's artifact and compares it with
 """
 
 import numpy as np
+import pytest
 
 from keras_vllm import reference
 from keras_vllm import testing
@@ -96,8 +97,6 @@ def check_default_sampling_is_the_models(
 
 
 def shutdown(engine):
-    llm = engine.llm
-    engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    if engine_core is not None and hasattr(engine_core, "shutdown"):
-        engine_core.shutdown()
-    del engine.llm
+    engine.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.generate(["a"])

@@ -30,6 +30,7 @@ import os
 import re
 
 logger = logging.getLogger("keras_vllm")
+_ANNOUNCED_ENV = "_KERAS_VLLM_CPU_ANNOUNCED"
 
 # `KERAS_VLLM_DEVICE` values.
 DEVICE_ENV = "KERAS_VLLM_DEVICE"
@@ -119,6 +120,11 @@ def platform_class_path():
     # WARNING level: the line must be visible without logging configuration
     # (vLLM only configures its own "vllm" logger), and CPU serving is a
     # test/development mode, not a production one.
+    if os.environ.get(_ANNOUNCED_ENV):
+        # Said once: vLLM resolves its platform more than once per process,
+        # and its engine processes inherit this environment.
+        return TPU_PLATFORM_CLASS
+    os.environ[_ANNOUNCED_ENV] = "1"
     logger.warning(
         "keras-vllm: no TPU found (or %s=cpu); serving with tpu-inference on "
         "JAX CPU devices (JAX_PLATFORMS=%s).", DEVICE_ENV,

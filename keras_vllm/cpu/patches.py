@@ -36,6 +36,7 @@ import importlib.metadata
 import logging
 import os
 import sys
+import warnings
 
 from keras_vllm.cpu import detect
 from keras_vllm.cpu import ragged_paged_attention as cpu_rpa
@@ -101,6 +102,11 @@ def apply_patches():
     _patch_compiler_options()
     _patch_host_to_device_copies()
     _patch_async_scheduling()
+    # XLA:CPU cannot reuse donated buffers; tpu-inference donates them for
+    # TPU, so every compile on CPU would warn.
+    warnings.filterwarnings(
+        "ignore", message="Some donated buffers were not usable"
+    )
     _applied = True
     logger.info("keras-vllm: CPU patches for tpu-inference %s applied.",
                 PINNED_VERSIONS["tpu-inference"])

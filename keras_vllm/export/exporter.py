@@ -11,6 +11,7 @@ import numpy as np
 from keras_vllm import artifact
 from keras_vllm import classes
 from keras_vllm import presets
+from keras_vllm import progress
 from keras_vllm import reference
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ExportError
@@ -184,12 +185,18 @@ def _maybe_int(obj, attr):
 
 def _golden(causal_lm, prompts, max_new_tokens, stop_token_ids):
     outputs = []
-    for text in prompts:
-        ids = reference.prompt_token_ids(causal_lm, text)
-        new = reference.greedy_continuation(
-            causal_lm, ids, max_new_tokens, stop_token_ids
-        )
-        outputs.append({"prompt": text, "prompt_ids": ids, "output_ids": new})
+    with progress.phase(
+        "recording golden outputs", total=len(prompts), unit="prompts"
+    ) as phase:
+        for text in prompts:
+            ids = reference.prompt_token_ids(causal_lm, text)
+            new = reference.greedy_continuation(
+                causal_lm, ids, max_new_tokens, stop_token_ids
+            )
+            outputs.append(
+                {"prompt": text, "prompt_ids": ids, "output_ids": new}
+            )
+            phase.advance()
     return {"max_new_tokens": max_new_tokens, "outputs": outputs}
 
 
@@ -216,6 +223,7 @@ def export_vllm(
     max_sequence_length=None,
     chat_template=None,
     allow_unservable=False,
+    verbose="auto",
 ):
     """Exports a KerasHub `CausalLM` as a keras-vllm artifact directory.
 
@@ -245,6 +253,9 @@ def export_vllm(
         allow_unservable: export a backbone whose attention keras-vllm
             cannot serve on vLLM (for Keras-side use only). By default such
             a model is refused, naming the attention class.
+        verbose: `"auto"` draws one progress line per phase on a terminal
+            (not in CI); `True` also prints the phases elsewhere; `False`
+            prints nothing. Phases always log at INFO to `keras_vllm`.
 
     Returns:
         The absolute path of the artifact.
@@ -260,6 +271,19 @@ def export_vllm(
     """
     _check_model(causal_lm)
     target = staging.check_target(path, overwrite)
+    with progress.verbosity(verbose):
+        return _export(
+            causal_lm, target, preset, weights, overwrite, golden_prompts,
+            golden_max_new_tokens, max_sequence_length, chat_template,
+            allow_unservable,
+        )
+
+
+def _export(
+    causal_lm, target, preset, weights, overwrite, golden_prompts,
+    golden_max_new_tokens, max_sequence_length, chat_template,
+    allow_unservable,
+):
     if weights not in ("auto",) + artifact.WEIGHT_MODES:
         raise ExportError(
             f"weights='{weights}' is not one of 'auto', 'delta', 'full', "
@@ -299,16 +323,20 @@ def export_vllm(
             ) from None
         config, unservable = None, str(e)
 
-    logger.info("keras-vllm: collecting weights")
-    all_weights = weight_io.backbone_weights(backbone)
+    with progress.phase("collecting weights", unit="variables") as phase:
+        all_weights = weight_io.backbone_weights(backbone)
+        phase.advance(len(all_weights))
     order = {path: i for i, path in enumerate(all_weights)}
     preset_section = None
     if handle is not None and weights != "full":
-        preset_section = {
-            "handle": handle,
-            "files": presets.hash_preset(handle),
-        }
-        stored = _delta_against_preset(backbone, all_weights, handle)
+        with progress.phase(f"comparing with preset '{handle}'") as phase:
+            preset_section = {
+                "handle": handle,
+                "files": presets.hash_preset(handle),
+            }
+            stored = _delta_against_preset(backbone, all_weights, handle)
+            phase.advance(len(stored))
+            phase.unit = "variables differ"
         if weights == "preset" and stored:
             raise ExportError(
                 f"weights='preset' but {len(stored)} variables differ from "
@@ -325,9 +353,11 @@ def export_vllm(
     with staging.staged_directory(target, overwrite) as tmp:
         sections["tokenizer"] = _tokenizer_section(tokenizer, tmp)
         if stored:
-            weight_io.save_weights(
-                os.path.join(tmp, artifact.WEIGHTS_DIR), stored
-            )
+            with progress.phase("writing weights", unit="bytes") as phase:
+                weight_io.save_weights(
+                    os.path.join(tmp, artifact.WEIGHTS_DIR), stored
+                )
+                phase.advance(sum(v.nbytes for v in stored.values()))
         if config is not None:
             artifact.write_json(
                 os.path.join(tmp, artifact.CONFIG_FILE), config
@@ -349,7 +379,6 @@ def export_vllm(
                 encoding="utf-8",
             ) as f:
                 f.write(chat_template)
-        logger.info("keras-vllm: recording golden outputs")
         artifact.write_json(
             os.path.join(tmp, artifact.GOLDEN_FILE),
             _golden(causal_lm, golden_prompts, golden_max_new_tokens, stop_ids),
@@ -385,7 +414,8 @@ def export_vllm(
             },
             **sections,
         }
-        manifest["files"] = artifact.file_table(tmp)
+        with progress.phase("writing checksums", unit="bytes"):
+            manifest["files"] = artifact.file_table(tmp)
         artifact.validate_manifest(manifest)
         artifact.write_json(os.path.join(tmp, artifact.MANIFEST_FILE), manifest)
     logger.info("keras-vllm: exported %s (%s weights)", target, mode)

@@ -1,6 +1,5 @@
 """Artifact -> Keras: rebuild the `CausalLM` (training side, no vLLM)."""
 
-import logging
 import os
 
 import numpy as np
@@ -8,13 +7,13 @@ import numpy as np
 from keras_vllm import artifact
 from keras_vllm import classes
 from keras_vllm import presets
+from keras_vllm import progress
 from keras_vllm import reference
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.load import validate
 
-logger = logging.getLogger("keras_vllm")
 
 def _config(manifest, role):
     section = manifest[role]
@@ -127,12 +126,15 @@ def build_backbone(path, manifest, dtype=None, preset=None):
     weights = manifest["weights"]
     mode = weights["mode"]
     if mode == "full":
-        backbone = _construct(cls, {**config, "dtype": dtype}, "backbone")
+        with progress.phase(f"building {cls.__name__}"):
+            backbone = _construct(cls, {**config, "dtype": dtype}, "backbone")
     else:
         handle = preset or manifest["preset"]["handle"]
-        presets.check_preset(handle, manifest["preset"]["files"])
-        logger.info("keras-vllm: loading base weights from %s", handle)
-        backbone = keras_hub.models.Backbone.from_preset(handle, dtype=dtype)
+        with progress.phase(f"loading preset '{handle}'"):
+            presets.check_preset(handle, manifest["preset"]["files"])
+            backbone = keras_hub.models.Backbone.from_preset(
+                handle, dtype=dtype
+            )
         if type(backbone) is not cls or not _same_config(
             backbone.get_config(), config
         ):
@@ -163,10 +165,14 @@ def build_backbone(path, manifest, dtype=None, preset=None):
         )
     if specs:
         directory = artifact.safe_join(path, artifact.WEIGHTS_DIR)
-        restored = weight_io.restore_weights(directory, specs)
-        for var_path, value in restored.items():
-            variable = variables[var_path]
-            variable.assign(value.astype(variable.dtype))
+        with progress.phase(
+            f"restoring {mode} weights", total=weights["bytes"], unit="bytes"
+        ) as phase:
+            restored = weight_io.restore_weights(directory, specs)
+            for var_path, value in restored.items():
+                variable = variables[var_path]
+                variable.assign(value.astype(variable.dtype))
+                phase.advance(value.nbytes)
     return backbone
 
 
@@ -237,7 +243,9 @@ def preflight(path, manifest):
     load_tokenizer(path, manifest)
 
 
-def load_causal_lm(path, *, dtype=None, preset=None, verify=True):
+def load_causal_lm(
+    path, *, dtype=None, preset=None, verify=True, verbose="auto"
+):
     """Rebuilds a KerasHub `CausalLM` from a keras-vllm artifact.
 
     Checksums are verified before anything is read. Works offline when the
@@ -251,6 +259,9 @@ def load_causal_lm(path, *, dtype=None, preset=None, verify=True):
         preset: use this preset directory or handle instead of the recorded
             reference (same content required).
         verify: check every file's checksum first (recommended).
+        verbose: `"auto"` draws one progress line per phase on a terminal
+            (not in CI); `True` also prints the phases elsewhere; `False`
+            prints nothing.
 
     Returns:
         The `keras_hub.models.CausalLM`, compiled with the exported sampler.
@@ -263,7 +274,12 @@ def load_causal_lm(path, *, dtype=None, preset=None, verify=True):
     ```
     """
     path = os.fspath(path)
-    manifest = artifact.open_artifact(path, verify=verify)
+    with progress.verbosity(verbose):
+        return _load_causal_lm(path, dtype, preset, verify)
+
+
+def _load_causal_lm(path, dtype, preset, verify):
+    manifest = artifact.open_artifact(path, verify=verify, verbose="auto")
     validate.validate_artifact(path, manifest)
     resolved = resolve_classes(manifest)
     # The tokenizer first: it is cheap, and its probes catch swapped assets

@@ -15,6 +15,7 @@ from flax import nnx
 from keras import ops
 
 from keras_vllm import artifact
+from keras_vllm import progress
 from keras_vllm.layers.context import ServingContext
 from keras_vllm.layers.context import serving_context
 from keras_vllm.layers.registry import swap_in_paged_layers
@@ -46,11 +47,14 @@ class KerasVllmForCausalLM(nnx.Module):
 
     def load_weights(self, *args, **kwargs):
         """Builds the backbone from the artifact and swaps in paged layers."""
-        manifest = artifact.open_artifact(self.artifact_path)
-        validate.validate_artifact(self.artifact_path, manifest)
-        backbone = build_backbone(
-            self.artifact_path, manifest, dtype=self.dtype_name
-        )
+        # No live progress lines from vLLM's engine process: the process
+        # that started the engine owns the terminal. Phases log at INFO.
+        with progress.verbosity(False):
+            manifest = artifact.open_artifact(self.artifact_path)
+            validate.validate_artifact(self.artifact_path, manifest)
+            backbone = build_backbone(
+                self.artifact_path, manifest, dtype=self.dtype_name
+            )
         self.attention_layers = len(swap_in_paged_layers(backbone))
         self.backbone = backbone
         logger.info(

@@ -68,10 +68,20 @@ MISSING_CHAT_TEMPLATE = (
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
-class NoChatTemplateError(ValueError):
+try:
+    from vllm.exceptions import ChatTemplateResolutionError
+except ImportError:  # the tokenizer also works without vLLM
+
+    class ChatTemplateResolutionError(Exception):
+        pass
+
+
+class NoChatTemplateError(ChatTemplateResolutionError, ValueError):
     """Chat was requested from an artifact that carries no chat template.
 
-    A `ValueError`, so vLLM's OpenAI server answers 400, not 500.
+    vLLM's "no chat template" error (and a `ValueError`), so its OpenAI
+    server answers 400, and its start-up chat warm-up notes the missing
+    template quietly instead of logging a traceback.
     """
 
 

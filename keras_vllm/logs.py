@@ -1,0 +1,174 @@
+"""Keeps vLLM's and tpu-inference's start-up noise out of the user's way.
+
+Two levels, both undone by `KERAS_VLLM_VERBOSE=1`:
+
+- Always: log records known to be false alarms on a supported host are
+  dropped (tpu-inference polling GCE metadata and `/dev/vfio` on a machine
+  that is not a TPU VM, "Error getting device name" on CPU devices, vLLM
+  missing CUDA kernels it never uses, a "slow tokenizer" warning about
+  keras-vllm's own tokenizer, ...). Each is matched by logger name and
+  message, so any other record from the same logger still shows.
+- Quiet serving (`KerasVllmEngine.from_export` and the `keras-vllm`
+  command unless verbose): vLLM logs warnings and errors only, in the
+  engine's processes too. (TensorFlow, which keras-hub imports, prints a
+  few C++ lines at import that no setting of TensorFlow 2.21 turns off.)
+"""
+
+import contextlib
+import logging
+import os
+import re
+
+VERBOSE_ENV = "KERAS_VLLM_VERBOSE"
+
+# logger name -> messages that are false alarms on the hosts keras-vllm
+# supports (a CPU host or a TPU VM).
+FALSE_ALARMS = {
+    "vllm.tpu_inference.tpu_info": (
+        r"Unable to poll the TPU GCE Metadata",
+        r"Failed to detect number of TPUs",
+    ),
+    "vllm.tpu_inference": (r"Error occurred while logging TPU info",),
+    "vllm.tpu_inference.platforms.tpu_platform": (
+        r"Error getting device name",
+        r"Pin memory is not supported on TPU",
+    ),
+    "vllm.usage.usage_lib": (r"Failed to collect TPU information",),
+    # vLLM gives its engine process a fixed 5 s to exit; on a busy CPU host
+    # JAX's teardown takes longer and the kill is the normal end.
+    "vllm.v1.utils": (r"\[shutdown\] Process manager: force killing",),
+    "vllm.distributed.parallel_state": (
+        r"empty_host_cache\(\) only available in Pytorch",
+    ),
+    "vllm.platforms.interface": (r"Failed to import from vllm\._C",),
+    "vllm.model_executor.model_loader": (
+        r"Load format `runai_streamer` is already registered",
+    ),
+    "vllm.tokenizers.registry": (r"Using a slow tokenizer",),
+    "vllm.config.vllm": (
+        r"Inductor compilation was disabled by user settings",
+        r"Model Runner V2 requires Triton",
+    ),
+    "torch.utils.cpp_extension": (r"No CUDA runtime is found",),
+    # vLLM warms up chat rendering at start-up; an artifact exported without
+    # a chat template is a choice, not a failure (chat requests get a 400
+    # that says how to add one).
+    "vllm.renderers.base": (r"Chat template warmup failed.*NoChatTemplateError",),
+    "vllm.renderers.hf": (
+        r"Chat template rejected the request: The keras-vllm artifact at "
+        r".* has no chat template",
+    ),
+    # keras-vllm writes `temperature` for greedy samplers on purpose: vLLM
+    # reads it as the default (0 = greedy); transformers only warns.
+    "transformers.generation.configuration_utils": (
+        r"generation flags are not valid",
+    ),
+}
+
+# Set for vLLM's processes in quiet serving, unless the user set them.
+QUIET_ENVIRONMENT = {
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "TRANSFORMERS_VERBOSITY": "error",
+}
+
+
+def verbose_requested():
+    """Whether `KERAS_VLLM_VERBOSE` asks for every log line."""
+    value = os.environ.get(VERBOSE_ENV, "").strip().lower()
+    return value in ("1", "true", "yes", "on")
+
+
+class _DropFalseAlarms(logging.Filter):
+    def __init__(self, patterns):
+        super().__init__()
+        self.pattern = re.compile("|".join(f"(?:{p})" for p in patterns))
+
+    def filter(self, record):
+        try:
+            text = record.getMessage()
+        except Exception:  # a malformed record is not ours to hide
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        seen = set()
+        while error is not None and id(error) not in seen:
+            seen.add(id(error))
+            text += " " + type(error).__name__
+            error = error.__cause__ or error.__context__
+        return not self.pattern.search(text)
+
+
+def install_false_alarm_filters():
+    """Drops the records in `FALSE_ALARMS` unless verbose was requested.
+
+    Safe to call often and before the noisy modules are imported (their
+    loggers are the same objects `logging.getLogger` returns now).
+    """
+    if verbose_requested():
+        return
+    for name, patterns in FALSE_ALARMS.items():
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _DropFalseAlarms) for f in target.filters):
+            target.addFilter(_DropFalseAlarms(patterns))
+
+
+def quiet_environment():
+    """The environment changes for quiet serving ({} when verbose)."""
+    if verbose_requested():
+        return {}
+    return {
+        key: value
+        for key, value in QUIET_ENVIRONMENT.items()
+        if not os.environ.get(key)
+    }
+
+
+def apply_quiet_environment():
+    """Makes this process and the processes it starts quiet, for good (a
+    command-line process); returns the environment it set."""
+    changes = quiet_environment()
+    os.environ.update(changes)
+    if "VLLM_LOGGING_LEVEL" in changes:
+        # vLLM reads the variable when it is first imported; an already
+        # imported vLLM gets the level directly.
+        logging.getLogger("vllm").setLevel(logging.WARNING)
+    return changes
+
+
+@contextlib.contextmanager
+def serving_logs(verbose):
+    """Quiet serving (or, verbose, every log line) while an engine starts.
+
+    The engine's processes keep the environment they started with; this
+    process gets its environment and vLLM's log level back afterwards.
+
+    Args:
+        verbose: True shows every line (here and in the engine's
+            processes); anything else makes serving quiet.
+    """
+    vllm_logger = logging.getLogger("vllm")
+    level = vllm_logger.level
+    if verbose is True:
+        changes = {} if verbose_requested() else {VERBOSE_ENV: "1"}
+        os.environ.update(changes)
+    else:
+        changes = apply_quiet_environment()
+    try:
+        yield
+    finally:
+        for key in changes:
+            os.environ.pop(key, None)
+        vllm_logger.setLevel(level)
+
+def show_info_when_verbose():
+    """With `KERAS_VLLM_VERBOSE=1`, prints keras-vllm's INFO lines (phases,
+    what is served) in processes where nobody configured logging, such as
+    vLLM's engine processes."""
+    if not verbose_requested():
+        return
+    target = logging.getLogger("keras_vllm")
+    if target.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    target.addHandler(handler)
+    target.setLevel(logging.INFO)

@@ -1,0 +1,138 @@
+"""The `keras-vllm` commands that start vLLM, run as a user would.
+
+Each starts a real engine on a tiny fine-tuned model's artifact, and its
+output must be readable: keras-vllm's phase lines and results, not vLLM's
+start-up logs or false alarms about absent TPU hardware.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from conftest import trained
+from keras_vllm import artifact
+from keras_vllm import testing
+
+CLI = [os.path.join(os.path.dirname(sys.executable), "keras-vllm")]
+
+# Lines that vLLM, tpu-inference or their imports print at start-up and that
+# a user should not have to read (unless they pass -v).
+NOISE = (
+    "TPU GCE Metadata",
+    "Error getting device name",
+    "Failed to import from vllm._C",
+    "Traceback",
+    "non-default args",  # vLLM's INFO lines
+    "Initializing a V1 LLM engine",
+    "Precompile worker",
+)
+
+
+def _quiet(text):
+    found = [line for line in text.splitlines() if any(n in line for n in NOISE)]
+    assert not found, "\n".join(found[:10])
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    preset = str(tmp_path_factory.mktemp("cli_engine") / "tiny_gpt2")
+    testing.save_tiny_preset(trained("gpt2"), preset)
+    out = str(tmp_path_factory.mktemp("cli_engine_out") / "artifact")
+    result = subprocess.run(
+        CLI + ["export", preset, out, "--sampler", "greedy"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_verify_engine_replays_golden_outputs_quietly(exported):
+    result = subprocess.run(
+        CLI + ["verify", "--engine", exported],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-5000:]
+    assert "golden (keras)  ok" in result.stdout
+    assert "golden (vllm)   ok" in result.stdout
+    _quiet(result.stdout + result.stderr)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_answers_with_the_artifact_defaults_quietly(
+    exported, tmp_path
+):
+    port = _free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w+") as log:
+        process = subprocess.Popen(
+            CLI
+            + ["serve", exported, "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + 600
+            while True:
+                assert process.poll() is None, log_path.read_text()[-5000:]
+                try:
+                    if requests.get(url + "/health", timeout=2).ok:
+                        break
+                except requests.ConnectionError:
+                    pass
+                assert time.time() < deadline, log_path.read_text()[-5000:]
+                time.sleep(2)
+            golden = artifact.read_json(os.path.join(exported, "golden.json"))
+            for record in golden["outputs"][:3]:
+                # No sampling parameters: the artifact's greedy sampler and
+                # stop tokens apply.
+                response = requests.post(
+                    url + "/v1/completions",
+                    json={
+                        "model": exported,
+                        "prompt": record["prompt_ids"],
+                        "max_tokens": golden["max_new_tokens"],
+                        "return_token_ids": True,
+                    },
+                    timeout=120,
+                )
+                assert response.status_code == 200, response.text
+                choice = response.json()["choices"][0]
+                assert choice["token_ids"] == record["output_ids"]
+        finally:
+            process.terminate()
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    text = log_path.read_text()
+    assert "vllm serve" in text.splitlines()[0]
+    assert "Application startup complete" in text
+    _quiet(text)
+
+
+def test_demo_runs_the_whole_handoff(tmp_path):
+    result = subprocess.run(
+        CLI + ["demo", "--steps", "30", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-5000:]
+    n = len(testing.prompts())
+    assert f"{n}/{n} served continuations equal" in result.stdout
+    _quiet(result.stdout + result.stderr)

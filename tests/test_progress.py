@@ -1,0 +1,171 @@
+"""Progress lines (live on a terminal, quiet elsewhere) and log filtering."""
+
+import io
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from keras_vllm import logs
+from keras_vllm import progress
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.fixture(autouse=True)
+def _no_ci(monkeypatch):
+    for name in ("CI", progress.ENV, logs.VERBOSE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+
+
+def test_terminal_draws_a_bar_then_one_summary_line():
+    out = _Terminal()
+    with progress.phase("writing", total=4, unit="files", stream=out) as p:
+        for _ in range(4):
+            time.sleep(progress._REDRAW_SECONDS)
+            p.advance()
+    text = out.getvalue()
+    assert "\r\x1b[K" in text
+    assert "[######------------------] 1/4 files" in text
+    lines = text.split("\n")
+    assert len(lines) == 2 and lines[1] == ""  # one finished line
+    assert lines[0].rsplit("\r\x1b[K", 1)[1].startswith(
+        "keras-vllm: writing: done in "
+    )
+    assert lines[0].endswith(", 4 files")
+
+
+def test_byte_counts_are_readable():
+    out = _Terminal()
+    with progress.phase("hashing", total=3 << 20, unit="bytes", stream=out) as p:
+        time.sleep(progress._REDRAW_SECONDS)
+        p.advance(1 << 20)
+    assert "1.0 MiB/3.0 MiB" in out.getvalue()
+    assert out.getvalue().endswith(", 1.0 MiB\n")
+
+
+def test_open_ended_phase_shows_a_running_clock():
+    out = _Terminal()
+    with progress.phase("starting", stream=out):
+        time.sleep(3 * progress._CLOCK_SECONDS + 0.2)
+    redraws = out.getvalue().count("\r\x1b[Kkeras-vllm: starting  ")
+    assert redraws >= 3
+
+
+def test_not_a_terminal_prints_nothing_and_logs_the_summary(caplog):
+    out = io.StringIO()
+    with caplog.at_level(logging.INFO, logger="keras_vllm"):
+        with progress.phase("writing", total=2, stream=out) as p:
+            p.advance(2)
+    assert out.getvalue() == ""
+    assert [r.getMessage().split(":")[1] for r in caplog.records] == [
+        " writing"
+    ]
+
+
+def test_ci_is_quiet_even_on_a_terminal(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    out = _Terminal()
+    with progress.phase("writing", total=2, stream=out) as p:
+        p.advance(2)
+    assert out.getvalue() == ""
+
+
+def test_verbose_prints_one_plain_line_per_phase_off_a_terminal():
+    out = io.StringIO()
+    with progress.verbosity(True):
+        for name in ("first", "second"):
+            with progress.phase(name, total=1, stream=out) as p:
+                p.advance()
+    lines = out.getvalue().splitlines()
+    assert [line.split(":")[1] for line in lines] == [" first", " second"]
+    assert "\r" not in out.getvalue()
+
+
+def test_quiet_draws_nothing_on_a_terminal():
+    out = _Terminal()
+    with progress.verbosity(False):
+        with progress.phase("writing", total=1, stream=out) as p:
+            p.advance()
+    assert out.getvalue() == ""
+
+
+def test_environment_sets_the_default(monkeypatch):
+    monkeypatch.setenv(progress.ENV, "0")
+    assert progress.resolve("auto", _Terminal()) == "log"
+    monkeypatch.setenv(progress.ENV, "1")
+    assert progress.resolve("auto", io.StringIO()) == "line"
+    with pytest.raises(ValueError, match="verbose must be"):
+        progress.resolve("sometimes", io.StringIO())
+
+
+def test_nested_phases_share_the_outer_line():
+    out = _Terminal()
+    with progress.phase("outer", stream=out):
+        with progress.phase("inner", total=1, stream=out) as inner:
+            progress.advance()
+    assert inner.count == 1
+    assert "inner" not in out.getvalue()
+
+
+def test_failed_phase_says_so_and_raises():
+    out = io.StringIO()
+    with pytest.raises(KeyError):
+        with progress.phase("writing", stream=out, verbose=True):
+            raise KeyError("x")
+    assert "writing: failed after" in out.getvalue()
+
+
+def test_false_alarms_are_dropped_and_other_records_kept(caplog):
+    logs.install_false_alarm_filters()
+    noisy = logging.getLogger("vllm.tpu_inference.tpu_info")
+    with caplog.at_level(logging.INFO):
+        noisy.error("Unable to poll the TPU GCE Metadata: no route")
+        noisy.error("Something real went wrong")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Something real went wrong"
+    ]
+
+
+def _import_serving_stack(**env):
+    # A fresh process: the messages are logged once, at import time.
+    code = "import keras_vllm, vllm, tpu_inference"
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    ).stderr
+
+
+def test_serving_stack_start_up_false_alarms_are_gone_unless_verbose():
+    alarms = ("TPU GCE Metadata", "Error getting device name")
+    quiet = _import_serving_stack()
+    assert not [a for a in alarms if a in quiet], quiet[-3000:]
+    assert quiet.count("serving with tpu-inference on JAX CPU devices") <= 1
+    loud = _import_serving_stack(**{logs.VERBOSE_ENV: "1"})
+    assert all(a in loud for a in alarms), loud[-3000:]
+
+
+def test_missing_chat_template_warm_up_is_not_a_warning(caplog):
+    from keras_vllm.load.vllm_tokenizer import NoChatTemplateError
+
+    logs.install_false_alarm_filters()
+    renderer = logging.getLogger("vllm.renderers.base")
+    with caplog.at_level(logging.INFO):
+        for error in (NoChatTemplateError("none"), KeyError("broken")):
+            try:
+                raise RuntimeError("wrapped") from error
+            except RuntimeError:
+                renderer.warning("Chat template warmup failed", exc_info=True)
+    # A broken template is still reported; a missing one is not.
+    assert len(caplog.records) == 1
+    assert caplog.records[0].exc_info[1].__cause__.args == ("broken",)
