@@ -3,6 +3,7 @@
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -169,3 +170,32 @@ def test_missing_chat_template_warm_up_is_not_a_warning(caplog):
     # A broken template is still reported; a missing one is not.
     assert len(caplog.records) == 1
     assert caplog.records[0].exc_info[1].__cause__.args == ("broken",)
+
+
+def test_export_and_load_show_each_phase_on_a_terminal(monkeypatch, tmp_path):
+    import keras_vllm
+    from keras_vllm import testing
+
+    causal_lm = testing.build_tiny_causal_lm("gpt2")
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    path = causal_lm.export_vllm(tmp_path / "a", golden_prompts=["a", "b"])
+    keras_vllm.load_causal_lm(path)
+    finished = re.findall(
+        r"\r\x1b\[Kkeras-vllm: ([^\r\n]*?): done in", terminal.getvalue()
+    )
+    assert finished == [
+        "collecting weights",
+        "writing weights",
+        "recording golden outputs",
+        "writing checksums",
+        "verifying checksums",
+        "building GPT2Backbone",
+        "restoring full weights",
+    ]
+    assert "[############------------] 1/2 prompts" in terminal.getvalue()
+
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", piped)
+    keras_vllm.load_causal_lm(path)
+    assert piped.getvalue() == ""

@@ -8,13 +8,15 @@ attention with unexpanded K/V; softmax scale `1/sqrt(head_dim)`.
 from keras_hub.src.models.llama.llama_attention import LlamaAttention
 
 from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import PagedAttention
 from keras_vllm.layers.registry import register_paged
+from keras_vllm.layers.rotary_attention import RotaryPagedAttention
 
 
 @register_paged(LlamaAttention)
-class PagedLlamaAttention(LlamaAttention, PagedAttention):
+class PagedLlamaAttention(LlamaAttention, RotaryPagedAttention):
     """`LlamaAttention` over vLLM's paged KV cache."""
+
+    call = RotaryPagedAttention.call
 
     def kv_cache_spec(self):
         return KVCacheSpec(
@@ -22,22 +24,3 @@ class PagedLlamaAttention(LlamaAttention, PagedAttention):
             num_kv_heads=self.num_key_value_heads,
             head_dim=self._query_dense.kernel.shape[-1],
         )
-
-    def call(
-        self,
-        hidden_states,
-        attention_mask=None,
-        cache=None,
-        cache_update_index=None,
-        training=None,
-    ):
-        positions = self.serving_positions()
-        rope = self.rotary_embedding_layer
-        query = rope(self._query_dense(hidden_states), positions=positions)
-        key = rope(self._key_dense(hidden_states), positions=positions)
-        value = self._value_dense(hidden_states)
-        out = self.paged_attend(
-            query, key, value, sm_scale=self._inv_norm_factor
-        )
-        out = self._output_dense(out)
-        return (out, cache) if cache is not None else out

@@ -13,18 +13,25 @@ from keras_hub.src.models.mistral.mistral_attention import (
 )
 
 from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import PagedAttention
 from keras_vllm.layers.registry import register_paged
+from keras_vllm.layers.rotary_attention import RotaryPagedAttention
 
 
+# A function, not a method: `kv_cache_spec` also runs on the KerasHub
+# layer before it is swapped (the export's conformance gate).
 def _sliding_window(layer):
     window = layer._sliding_window
     return None if window is None else int(window)
 
 
 @register_paged(CachedMistralAttention)
-class PagedMistralAttention(CachedMistralAttention, PagedAttention):
+class PagedMistralAttention(CachedMistralAttention, RotaryPagedAttention):
     """`CachedMistralAttention` over vLLM's paged KV cache."""
+
+    call = RotaryPagedAttention.call
+
+    def paged_sliding_window(self):
+        return _sliding_window(self)
 
     def kv_cache_spec(self):
         return KVCacheSpec(
@@ -33,26 +40,3 @@ class PagedMistralAttention(CachedMistralAttention, PagedAttention):
             head_dim=self._head_dim,
             sliding_window=_sliding_window(self),
         )
-
-    def call(
-        self,
-        hidden_states,
-        attention_mask=None,
-        cache=None,
-        cache_update_index=None,
-        training=None,
-    ):
-        positions = self.serving_positions()
-        rope = self.rotary_embedding_layer
-        query = rope(self._query_dense(hidden_states), positions=positions)
-        key = rope(self._key_dense(hidden_states), positions=positions)
-        value = self._value_dense(hidden_states)
-        out = self.paged_attend(
-            query,
-            key,
-            value,
-            sm_scale=self._inv_norm_factor,
-            sliding_window=_sliding_window(self),
-        )
-        out = self._output_dense(out)
-        return (out, cache) if cache is not None else out

@@ -12,18 +12,27 @@ from keras_hub.src.models.mixtral.mixtral_attention import (
 )
 
 from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import PagedAttention
 from keras_vllm.layers.registry import register_paged
+from keras_vllm.layers.rotary_attention import RotaryPagedAttention
 
 
+# A function, not a method: `kv_cache_spec` also runs on the KerasHub
+# layer before it is swapped (the export's conformance gate).
 def _sliding_window(layer):
     window = layer.sliding_window
     return None if window is None else int(window)
 
 
 @register_paged(CachedMixtralAttention)
-class PagedMixtralAttention(CachedMixtralAttention, PagedAttention):
+class PagedMixtralAttention(CachedMixtralAttention, RotaryPagedAttention):
     """`CachedMixtralAttention` over vLLM's paged KV cache."""
+
+    call = RotaryPagedAttention.call
+
+    PROJECTIONS = ("query_dense", "key_dense", "value_dense", "output_dense")
+
+    def paged_sliding_window(self):
+        return _sliding_window(self)
 
     def kv_cache_spec(self):
         return KVCacheSpec(
@@ -32,26 +41,3 @@ class PagedMixtralAttention(CachedMixtralAttention, PagedAttention):
             head_dim=self._head_dim,
             sliding_window=_sliding_window(self),
         )
-
-    def call(
-        self,
-        hidden_states,
-        attention_mask=None,
-        cache=None,
-        cache_update_index=None,
-        training=None,
-    ):
-        positions = self.serving_positions()
-        rope = self.rotary_embedding_layer
-        query = rope(self.query_dense(hidden_states), positions=positions)
-        key = rope(self.key_dense(hidden_states), positions=positions)
-        value = self.value_dense(hidden_states)
-        out = self.paged_attend(
-            query,
-            key,
-            value,
-            sm_scale=self._inv_norm_factor,
-            sliding_window=_sliding_window(self),
-        )
-        out = self.output_dense(out)
-        return (out, cache) if cache is not None else out

@@ -12,10 +12,12 @@ feed-forward (with its shared expert) runs as the backbone's own layer
 from keras_hub.src.models.qwen_moe.qwen_moe_attention import QwenMoeAttention
 
 from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import PagedAttention
 from keras_vllm.layers.registry import register_paged
+from keras_vllm.layers.rotary_attention import RotaryPagedAttention
 
 
+# A function, not a method: `kv_cache_spec` also runs on the KerasHub
+# layer before it is swapped (the export's conformance gate).
 def _sliding_window(layer):
     if layer.use_sliding_window_attention:
         return int(layer.sliding_window_size)
@@ -23,8 +25,15 @@ def _sliding_window(layer):
 
 
 @register_paged(QwenMoeAttention)
-class PagedQwenMoeAttention(QwenMoeAttention, PagedAttention):
+class PagedQwenMoeAttention(QwenMoeAttention, RotaryPagedAttention):
     """`QwenMoeAttention` over vLLM's paged KV cache."""
+
+    call = RotaryPagedAttention.call
+
+    PROJECTIONS = ("query_dense", "key_dense", "value_dense", "_output_dense")
+
+    def paged_sliding_window(self):
+        return _sliding_window(self)
 
     def kv_cache_spec(self):
         return KVCacheSpec(
@@ -33,26 +42,3 @@ class PagedQwenMoeAttention(QwenMoeAttention, PagedAttention):
             head_dim=self.query_dense.kernel.shape[-1],
             sliding_window=_sliding_window(self),
         )
-
-    def call(
-        self,
-        hidden_states,
-        attention_mask=None,
-        cache=None,
-        cache_update_index=None,
-        training=None,
-    ):
-        positions = self.serving_positions()
-        rope = self.rotary_embedding_layer
-        query = rope(self.query_dense(hidden_states), positions=positions)
-        key = rope(self.key_dense(hidden_states), positions=positions)
-        value = self.value_dense(hidden_states)
-        out = self.paged_attend(
-            query,
-            key,
-            value,
-            sm_scale=self._inv_norm_factor,
-            sliding_window=_sliding_window(self),
-        )
-        out = self._output_dense(out)
-        return (out, cache) if cache is not None else out
