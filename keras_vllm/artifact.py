@@ -466,9 +466,15 @@ def read_manifest(directory):
     return validate_manifest(manifest)
 
 
-def verify_files(directory, manifest):
+def verify_files(directory, manifest, only=None):
     """Checks that the artifact's files are exactly those the manifest lists,
     with matching sizes and SHA-256 digests.
+
+    Args:
+        directory: the artifact directory.
+        manifest: its validated manifest.
+        only: path prefixes; when given, only files under them are hashed
+            (every file is still listed, size-checked and link-checked).
 
     Raises:
         IntegrityError: naming the first file that is missing, extra,
@@ -502,6 +508,8 @@ def verify_files(directory, manifest):
                 f"the manifest records {expected['bytes']}. The file is "
                 "truncated or altered; copy the artifact again or re-export."
             )
+        if only is not None and not rel.startswith(tuple(only)):
+            continue
         if sha256_file(full) != expected["sha256"]:
             raise IntegrityError(
                 f"Artifact file '{rel}' does not match its SHA-256 checksum. "
@@ -510,7 +518,7 @@ def verify_files(directory, manifest):
             )
 
 
-def open_artifact(directory, verify=True, verbose=False):
+def open_artifact(directory, verify=True, verbose=False, only=None):
     """Reads the manifest and (by default) verifies every file's checksum.
 
     Args:
@@ -518,15 +526,21 @@ def open_artifact(directory, verify=True, verbose=False):
         verify: whether to check file sizes and checksums.
         verbose: progress of the verification (see `keras_vllm.progress`);
             off by default, for the many processes that re-open an artifact.
+        only: path prefixes of the files to hash (see `verify_files`), for
+            readers of part of an artifact; None hashes every file.
 
     Returns:
         The validated manifest dict.
     """
     manifest = read_manifest(directory)
     if verify:
-        total = sum(entry["bytes"] for entry in manifest["files"].values())
+        total = sum(
+            entry["bytes"]
+            for rel, entry in manifest["files"].items()
+            if only is None or rel.startswith(tuple(only))
+        )
         with progress.phase(
             "verifying checksums", total=total, unit="bytes", verbose=verbose
         ):
-            verify_files(os.fspath(directory), manifest)
+            verify_files(os.fspath(directory), manifest, only)
     return manifest

@@ -345,15 +345,20 @@ class KerasVllmTokenizer:
     ):
         """Loads the tokenizer of the keras-vllm artifact at `path_or_repo_id`.
 
-        Every file's checksum is verified and the tokenizer must reproduce
-        the ids recorded at export (`keras_vllm.load_tokenizer`).
+        The checksums of the files it reads (tokenizer assets, chat
+        template) are verified, not the weights': vLLM loads a tokenizer in
+        several processes, and the engine verifies the whole artifact. The
+        tokenizer must reproduce the ids recorded at export
+        (`keras_vllm.load_tokenizer`).
         `truncation_side` is honoured; vLLM's other keyword arguments (hub
         revision, download dir, ...) do not apply to a local artifact.
         """
         from keras_vllm.load.keras_loader import load_tokenizer
 
         path = os.fspath(path_or_repo_id)
-        manifest = artifact.open_artifact(path)
+        manifest = artifact.open_artifact(
+            path, only=(artifact.TOKENIZER_DIR + "/", artifact.CHAT_TEMPLATE_FILE)
+        )
         native = load_tokenizer(path, manifest=manifest)
         template = None
         template_path = artifact.safe_join(path, artifact.CHAT_TEMPLATE_FILE)
