@@ -143,6 +143,10 @@ def _serve(args):
 
     command = serve_command(args.artifact, args.vllm_args)
     print(" ".join(command), flush=True)
+    from keras_vllm import progress
+
+    if not args.quiet:
+        os.environ[progress.ENGINE_ENV] = "lines"
     if not args.verbose:
         print(
             "keras-vllm: vLLM logs warnings and errors only (-v for all); "
@@ -264,6 +268,7 @@ def build_parser():
         help="run the A/B/C-seed/C serving benchmark (bench/run.py)",
         description="Runs bench/run.py; arguments go to it (e.g. --quick, "
         "--out FILE). See docs/benchmarks.md.",
+        add_help=False,  # `keras-vllm bench --help` shows bench/run.py's
     )
     p.set_defaults(func=_bench)  # its arguments: see main()
     return parser

@@ -8,8 +8,10 @@ and CI logs stay quiet unless logging is configured.
 
 `verbose` follows Keras' `fit(verbose=...)`: `"auto"` (the default) draws
 only on a terminal outside CI, `True` also prints the summaries when not on
-a terminal, `False` draws and prints nothing. The `KERAS_VLLM_PROGRESS`
-environment variable (`0`, `1` or `auto`) sets the default.
+a terminal, `False` draws and prints nothing, `"lines"` prints summaries
+and never draws (for processes that share a terminal). The
+`KERAS_VLLM_PROGRESS` environment variable (`0`, `1`, `auto` or `lines`)
+sets the default.
 
 Example:
 
@@ -32,6 +34,8 @@ import time
 logger = logging.getLogger("keras_vllm")
 
 ENV = "KERAS_VLLM_PROGRESS"
+# "lines": vLLM's engine processes print one line per phase (keras-vllm serve).
+ENGINE_ENV = "KERAS_VLLM_ENGINE_PROGRESS"
 _BAR_WIDTH = 24
 _REDRAW_SECONDS = 0.1
 _CLOCK_SECONDS = 0.5
@@ -43,14 +47,14 @@ _active = contextvars.ContextVar("keras_vllm_progress_phase", default=None)
 def _parse(verbose):
     if isinstance(verbose, str):
         value = verbose.strip().lower()
-        if value == "auto":
-            return "auto"
+        if value in ("auto", "lines"):
+            return value
         if value in ("0", "false", "no", "off", ""):
             return False
         if value in ("1", "true", "yes", "on"):
             return True
         raise ValueError(
-            f"verbose must be 'auto', True or False; got {verbose!r}."
+            f"verbose must be 'auto', 'lines', True or False; got {verbose!r}."
         )
     return bool(verbose)
 
@@ -69,6 +73,8 @@ def resolve(verbose="auto", stream=None):
     verbose = _parse(verbose)
     if verbose is False:
         return "log"
+    if verbose == "lines":
+        return "line"
     stream = stream or sys.stderr
     on_terminal = bool(getattr(stream, "isatty", lambda: False)())
     in_ci = bool(os.environ.get("CI")) or os.environ.get("TERM") == "dumb"

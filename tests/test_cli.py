@@ -40,6 +40,13 @@ def test_help_lists_every_command():
         assert command in result.stdout
 
 
+def test_bench_help_is_the_benchmark_scripts():
+    result = _run("bench", "--help")
+    assert result.returncode == 0, result.stderr
+    for option in ("--quick", "--systems", "--out"):
+        assert option in result.stdout
+
+
 def test_usage_error_exit_code():
     assert _run("inspect").returncode == 2
 

@@ -6,6 +6,7 @@ start-up logs or false alarms about absent TPU hardware.
 """
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -122,6 +123,9 @@ def test_serve_answers_with_the_artifact_defaults_quietly(
     text = log_path.read_text()
     assert "vllm serve" in text.splitlines()[0]
     assert "Application startup complete" in text
+    # The engine process reports its phases, one plain line each.
+    for phase in ("verifying checksums", "loading preset"):
+        assert re.search(rf"keras-vllm: {phase}[^\n\r]*: done in", text), text
     _quiet(text)
 
 

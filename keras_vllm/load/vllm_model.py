@@ -9,6 +9,7 @@ runs over vLLM's flat ragged batch.
 """
 
 import logging
+import os
 
 import jax.numpy as jnp
 from flax import nnx
@@ -47,10 +48,12 @@ class KerasVllmForCausalLM(nnx.Module):
 
     def load_weights(self, *args, **kwargs):
         """Builds the backbone from the artifact and swaps in paged layers."""
-        # No live progress lines from vLLM's engine process: the process
-        # that started the engine owns the terminal. Phases log at INFO.
-        with progress.verbosity(False):
-            manifest = artifact.open_artifact(self.artifact_path)
+        # Never live lines from vLLM's engine process: other processes
+        # share its terminal. `keras-vllm serve` asks for one line per
+        # phase; otherwise phases only log at INFO.
+        lines = os.environ.get(progress.ENGINE_ENV) == "lines"
+        with progress.verbosity("lines" if lines else False):
+            manifest = artifact.open_artifact(self.artifact_path, verbose="auto")
             validate.validate_artifact(self.artifact_path, manifest)
             backbone = build_backbone(
                 self.artifact_path, manifest, dtype=self.dtype_name
