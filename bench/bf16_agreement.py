@@ -24,12 +24,29 @@ def _teacher_forced_top1(causal_lm, ids):
 TOP = 5
 
 
-def _tied_best(logprobs):
-    """The served top-1 token, or the set of tokens tied for it (bfloat16
-    logits are coarse: several tokens can share the largest value)."""
-    best = max(lp.logprob for lp in logprobs.values())
-    tied = {t for t, lp in logprobs.items() if lp.logprob == best}
-    return tied if len(tied) > 1 else tied.pop()
+def _served_row(logprobs):
+    """`{token: logprob}` of vLLM's top tokens at one position."""
+    return {t: lp.logprob for t, lp in logprobs.items()}
+
+
+def _keras_row(logprobs):
+    """`{token: logprob}` of the `TOP` best tokens of a Keras row."""
+    top = np.argsort(logprobs)[::-1][:TOP]
+    return {int(t): float(logprobs[t]) for t in top}
+
+
+def _compare(row, want):
+    """("same" | "tie" | "differs", gap): bfloat16 logits are coarse, so
+    several tokens can share the top value ("tie" when the float32 choice
+    is one of them); `gap` is how far below the top the float32 choice is
+    (inf when it is not among the top tokens)."""
+    best = max(row.values())
+    winners = {t for t, v in row.items() if v == best}
+    if winners == {want}:
+        return "same", 0.0
+    if want in winners:
+        return "tie", 0.0
+    return "differs", best - row.get(want, -np.inf)
 
 
 def main():
@@ -67,29 +84,39 @@ def main():
                     ),
                 )
             low = [
-                [_tied_best(lp) for lp in out.prompt_logprobs[1:]]
+                [_served_row(lp) for lp in out.prompt_logprobs[1:]]
                 for out in outs
             ]
         else:
             bf16 = keras_vllm.load_causal_lm(path, dtype="bfloat16")
-            low = [list(_teacher_forced_top1(bf16, s)[:-1]) for s in sequences]
-        same = tied = total = 0
-        for seq, lo in zip(sequences, low):
+            low = [
+                [_keras_row(row) for row in
+                 reference.teacher_forced_logprobs(bf16, s)[:-1]]
+                for s in sequences
+            ]
+        counts = {"same": 0, "tie": 0, "differs": 0}
+        gap = 0.0
+        where = set()
+        for seq, rows_bf16 in zip(sequences, low):
             hi = _teacher_forced_top1(causal_lm, seq)[:-1]
-            for best, want in zip(lo, hi):
-                best = best if isinstance(best, set) else {best}
-                same += best == {want}
-                tied += len(best) > 1 and want in best
-            total += len(hi)
-        rows.append((family, same, tied, total))
-        print(f"{family:<10} top-1 agreement {same}/{total} = "
-              f"{same / total:.4f}; + {tied} bf16 ties that include the "
-              f"f32 choice = {(same + tied) / total:.4f}", flush=True)
-    print("\n| family | bf16 vs f32 top-1 | counting bf16 ties |\n|---|---|---|")
-    for family, same, tied, total in rows:
-        print(f"| {family} | {same / total:.4f} ({same}/{total}) | "
-              f"{(same + tied) / total:.4f} |")
-
+            for position, (row, want) in enumerate(zip(rows_bf16, hi)):
+                kind, distance = _compare(row, int(want))
+                counts[kind] += 1
+                gap = max(gap, distance)
+                if kind == "differs":
+                    where.add(position)
+        total = sum(counts.values())
+        rows.append((family, counts, total, gap))
+        print(f"{family:<10} same {counts['same']}/{total}, bf16 ties "
+              f"{counts['tie']}, differs {counts['differs']} (largest gap "
+              f"{gap:.4f} nats, at positions {sorted(where)})", flush=True)
+    print("\n| family | bf16 vs f32 top-1 | counting bf16 ties | largest gap "
+          "where they differ |\n|---|---|---|---|")
+    for family, counts, total, gap in rows:
+        print(f"| {family} | {counts['same'] / total:.4f} "
+              f"({counts['same']}/{total}) | "
+              f"{(counts['same'] + counts['tie']) / total:.4f} | "
+              f"{gap:.4f} |")
 
 if __name__ == "__main__":
     main()
