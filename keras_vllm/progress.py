@@ -66,10 +66,10 @@ def resolve(verbose="auto", stream=None):
         verbose: `"auto"`, True or False (see the module docstring).
         stream: where bars and lines go; defaults to `sys.stderr`.
     """
-    if verbose == "auto" or verbose is None:
+    if verbose in ("auto", None):
         verbose = _verbose.get()
-        if verbose is None:
-            verbose = os.environ.get(ENV, "auto")
+    if verbose in ("auto", None):
+        verbose = os.environ.get(ENV, "auto")
     verbose = _parse(verbose)
     if verbose is False:
         return "log"

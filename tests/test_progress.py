@@ -103,6 +103,8 @@ def test_environment_sets_the_default(monkeypatch):
     assert progress.resolve("auto", _Terminal()) == "log"
     monkeypatch.setenv(progress.ENV, "1")
     assert progress.resolve("auto", io.StringIO()) == "line"
+    with progress.verbosity("auto"):  # what export_vllm() passes by default
+        assert progress.resolve("auto", io.StringIO()) == "line"
     with pytest.raises(ValueError, match="verbose must be"):
         progress.resolve("sometimes", io.StringIO())
 
