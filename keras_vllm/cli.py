@@ -182,31 +182,44 @@ def _bench(args):
     return runpy.run_path(script)["main"](args.bench_args)
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="keras-vllm",
-        description="Export fine-tuned KerasHub CausalLMs and serve them on "
-        "vLLM.",
-        epilog="Exit codes: 0 ok, 1 verification failed, 2 usage error, "
-        "3 refused (bad artifact or model; the message says why).",
-    )
-    noise = parser.add_mutually_exclusive_group()
+def _output_options(default):
+    """-v / -q, accepted before or after the command name."""
+    options = argparse.ArgumentParser(add_help=False)
+    noise = options.add_mutually_exclusive_group()
     noise.add_argument(
         "-v",
         "--verbose",
         action="store_true",
+        default=default,
         help="print every phase and all library logs, vLLM's included",
     )
     noise.add_argument(
         "-q",
         "--quiet",
         action="store_true",
+        default=default,
         help="no progress lines (they are drawn only on a terminal anyway)",
+    )
+    return options
+
+
+def build_parser():
+    # A command's copy defaults to SUPPRESS, so that it does not reset what
+    # was given before the command name.
+    output = _output_options(argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(
+        prog="keras-vllm",
+        description="Export fine-tuned KerasHub CausalLMs and serve them on "
+        "vLLM.",
+        epilog="Exit codes: 0 ok, 1 verification failed, 2 usage error, "
+        "3 refused (bad artifact or model; the message says why).",
+        parents=[_output_options(False)],
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
         "export",
+        parents=[output],
         help="export a KerasHub preset (handle or local directory)",
         description="Load PRESET with keras_hub.models.CausalLM.from_preset "
         "and write an artifact to OUT.",
@@ -225,7 +238,9 @@ def build_parser():
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=_export)
 
-    p = sub.add_parser("inspect", help="print a readable summary")
+    p = sub.add_parser(
+        "inspect", help="print a readable summary", parents=[output]
+    )
     p.add_argument("artifact")
     p.add_argument(
         "--no-verify", action="store_true", help="skip checksum verification"
@@ -234,6 +249,7 @@ def build_parser():
 
     p = sub.add_parser(
         "verify",
+        parents=[output],
         help="check checksums and replay the golden outputs",
         description="Verify every file's checksum, rebuild the model in "
         "Keras and replay the golden greedy outputs recorded at export. "
@@ -245,6 +261,7 @@ def build_parser():
 
     p = sub.add_parser(
         "serve",
+        parents=[output],
         help="run `vllm serve` on an artifact with its defaults",
         description="Runs `vllm serve ARTIFACT` with the artifact's dtype, "
         "max length and tokenizer mode. Extra arguments go to vLLM, e.g. "
@@ -256,6 +273,7 @@ def build_parser():
 
     p = sub.add_parser(
         "demo",
+        parents=[output],
         help="fine-tune, export, serve and compare a tiny model, offline",
     )
     p.add_argument("--family", default="llama3")

@@ -47,6 +47,22 @@ def test_bench_help_is_the_benchmark_scripts():
         assert option in result.stdout
 
 
+@pytest.mark.parametrize(
+    "argv, verbose, quiet",
+    [
+        (["-q", "inspect", "a"], False, True),
+        (["inspect", "a", "-q"], False, True),
+        (["inspect", "-v", "a"], True, False),
+        (["inspect", "a"], False, False),
+    ],
+)
+def test_output_options_before_or_after_the_command(argv, verbose, quiet):
+    from keras_vllm.cli import build_parser
+
+    args, _ = build_parser().parse_known_args(argv)
+    assert (args.verbose, args.quiet) == (verbose, quiet)
+
+
 def test_usage_error_exit_code():
     assert _run("inspect").returncode == 2
 
