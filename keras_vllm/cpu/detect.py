@@ -26,11 +26,12 @@ Signals, in order (the first that applies wins):
 
 import glob
 import logging
+import multiprocessing
 import os
 import re
 
 logger = logging.getLogger("keras_vllm")
-_ANNOUNCED_ENV = "_KERAS_VLLM_CPU_ANNOUNCED"
+_announced = False
 
 # `KERAS_VLLM_DEVICE` values.
 DEVICE_ENV = "KERAS_VLLM_DEVICE"
@@ -120,11 +121,12 @@ def platform_class_path():
     # WARNING level: the line must be visible without logging configuration
     # (vLLM only configures its own "vllm" logger), and CPU serving is a
     # test/development mode, not a production one.
-    if os.environ.get(_ANNOUNCED_ENV):
+    global _announced
+    if _announced or multiprocessing.parent_process() is not None:
         # Said once: vLLM resolves its platform more than once per process,
-        # and its engine processes inherit this environment.
+        # and the process that started vLLM's engine processes said it.
         return TPU_PLATFORM_CLASS
-    os.environ[_ANNOUNCED_ENV] = "1"
+    _announced = True
     logger.warning(
         "keras-vllm: no TPU found (or %s=cpu); serving with tpu-inference on "
         "JAX CPU devices (JAX_PLATFORMS=%s).", DEVICE_ENV,
