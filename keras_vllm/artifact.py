@@ -466,15 +466,17 @@ def read_manifest(directory):
     return validate_manifest(manifest)
 
 
-def verify_files(directory, manifest, only=None):
+def verify_files(directory, manifest, only=None, verbose=False):
     """Checks that the artifact's files are exactly those the manifest lists,
     with matching sizes and SHA-256 digests.
 
     Args:
         directory: the artifact directory.
         manifest: its validated manifest.
-        only: path prefixes; when given, only files under them are hashed
+        only: a tuple of path prefixes; when given, only files under them
+            are hashed
             (every file is still listed, size-checked and link-checked).
+        verbose: progress of the hashing (see `keras_vllm.progress`).
 
     Raises:
         IntegrityError: naming the first file that is missing, extra,
@@ -508,14 +510,22 @@ def verify_files(directory, manifest, only=None):
                 f"the manifest records {expected['bytes']}. The file is "
                 "truncated or altered; copy the artifact again or re-export."
             )
-        if only is not None and not rel.startswith(tuple(only)):
-            continue
-        if sha256_file(full) != expected["sha256"]:
-            raise IntegrityError(
-                f"Artifact file '{rel}' does not match its SHA-256 checksum. "
-                "The file is corrupt or altered; copy the artifact again or "
-                "re-export."
-            )
+    hashed = [
+        rel for rel in sorted(listed) if only is None or rel.startswith(only)
+    ]
+    with progress.phase(
+        "verifying checksums",
+        total=sum(listed[rel]["bytes"] for rel in hashed),
+        unit="bytes",
+        verbose=verbose,
+    ):
+        for rel in hashed:
+            if sha256_file(os.path.join(directory, rel)) != listed[rel]["sha256"]:
+                raise IntegrityError(
+                    f"Artifact file '{rel}' does not match its SHA-256 "
+                    "checksum. The file is corrupt or altered; copy the "
+                    "artifact again or re-export."
+                )
 
 
 def open_artifact(directory, verify=True, verbose=False, only=None):
@@ -526,21 +536,14 @@ def open_artifact(directory, verify=True, verbose=False, only=None):
         verify: whether to check file sizes and checksums.
         verbose: progress of the verification (see `keras_vllm.progress`);
             off by default, for the many processes that re-open an artifact.
-        only: path prefixes of the files to hash (see `verify_files`), for
-            readers of part of an artifact; None hashes every file.
+        only: a tuple of path prefixes of the files to hash (see
+            `verify_files`), for readers of part of an artifact; None
+            hashes every file.
 
     Returns:
         The validated manifest dict.
     """
     manifest = read_manifest(directory)
     if verify:
-        total = sum(
-            entry["bytes"]
-            for rel, entry in manifest["files"].items()
-            if only is None or rel.startswith(tuple(only))
-        )
-        with progress.phase(
-            "verifying checksums", total=total, unit="bytes", verbose=verbose
-        ):
-            verify_files(os.fspath(directory), manifest, only)
+        verify_files(os.fspath(directory), manifest, only, verbose)
     return manifest
