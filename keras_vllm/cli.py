@@ -65,7 +65,7 @@ def _verify(args):
         return EXIT_FAILED
     print("golden (keras)  ok")
     if args.engine:
-        failures = _engine_golden(args.artifact, args)
+        failures = _engine_golden(args.artifact, manifest, args)
         if failures:
             for prompt, want, got in failures:
                 print(f"engine MISMATCH {prompt!r}: recorded {want}, got {got}")
@@ -81,14 +81,14 @@ def _verbose(args):
     return False if args.quiet else "auto"
 
 
-def _engine_golden(path, args):
+def _engine_golden(path, manifest, args):
     from keras_vllm import artifact
     from keras_vllm.engine import KerasVllmEngine
 
     golden = artifact.read_json(artifact.safe_join(path, artifact.GOLDEN_FILE))
     from vllm import SamplingParams
 
-    stops = artifact.open_artifact(path, verify=False)["stop_token_ids"]
+    stops = manifest["stop_token_ids"]
     params = SamplingParams(
         temperature=0.0,
         max_tokens=golden["max_new_tokens"],

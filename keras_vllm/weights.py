@@ -6,7 +6,6 @@ interchange key. In the orbax tree they are nested by `/`.
 """
 
 import errno
-
 import re
 
 import numpy as np
