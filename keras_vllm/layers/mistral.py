@@ -17,26 +17,17 @@ from keras_vllm.layers.registry import register_paged
 from keras_vllm.layers.rotary_attention import RotaryPagedAttention
 
 
-# A function, not a method: `kv_cache_spec` also runs on the KerasHub
-# layer before it is swapped (the export's conformance gate).
-def _sliding_window(layer):
-    window = layer._sliding_window
-    return None if window is None else int(window)
-
-
 @register_paged(CachedMistralAttention)
 class PagedMistralAttention(CachedMistralAttention, RotaryPagedAttention):
     """`CachedMistralAttention` over vLLM's paged KV cache."""
 
     call = RotaryPagedAttention.call
 
-    def paged_sliding_window(self):
-        return _sliding_window(self)
-
     def kv_cache_spec(self):
+        window = self._sliding_window
         return KVCacheSpec(
             num_query_heads=self._num_query_heads,
             num_kv_heads=self._num_key_value_heads,
             head_dim=self._head_dim,
-            sliding_window=_sliding_window(self),
+            sliding_window=None if window is None else int(window),
         )

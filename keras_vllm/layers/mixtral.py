@@ -16,13 +16,6 @@ from keras_vllm.layers.registry import register_paged
 from keras_vllm.layers.rotary_attention import RotaryPagedAttention
 
 
-# A function, not a method: `kv_cache_spec` also runs on the KerasHub
-# layer before it is swapped (the export's conformance gate).
-def _sliding_window(layer):
-    window = layer.sliding_window
-    return None if window is None else int(window)
-
-
 @register_paged(CachedMixtralAttention)
 class PagedMixtralAttention(CachedMixtralAttention, RotaryPagedAttention):
     """`CachedMixtralAttention` over vLLM's paged KV cache."""
@@ -31,13 +24,11 @@ class PagedMixtralAttention(CachedMixtralAttention, RotaryPagedAttention):
 
     PROJECTIONS = ("query_dense", "key_dense", "value_dense", "output_dense")
 
-    def paged_sliding_window(self):
-        return _sliding_window(self)
-
     def kv_cache_spec(self):
+        window = self.sliding_window
         return KVCacheSpec(
             num_query_heads=self.num_query_heads,
             num_kv_heads=self.num_key_value_heads,
             head_dim=self._head_dim,
-            sliding_window=_sliding_window(self),
+            sliding_window=None if window is None else int(window),
         )

@@ -16,14 +16,6 @@ from keras_vllm.layers.registry import register_paged
 from keras_vllm.layers.rotary_attention import RotaryPagedAttention
 
 
-# A function, not a method: `kv_cache_spec` also runs on the KerasHub
-# layer before it is swapped (the export's conformance gate).
-def _sliding_window(layer):
-    if layer.use_sliding_window_attention:
-        return int(layer.sliding_window_size)
-    return None
-
-
 @register_paged(QwenMoeAttention)
 class PagedQwenMoeAttention(QwenMoeAttention, RotaryPagedAttention):
     """`QwenMoeAttention` over vLLM's paged KV cache."""
@@ -32,13 +24,13 @@ class PagedQwenMoeAttention(QwenMoeAttention, RotaryPagedAttention):
 
     PROJECTIONS = ("query_dense", "key_dense", "value_dense", "_output_dense")
 
-    def paged_sliding_window(self):
-        return _sliding_window(self)
-
     def kv_cache_spec(self):
+        window = None
+        if self.use_sliding_window_attention:
+            window = int(self.sliding_window_size)
         return KVCacheSpec(
             num_query_heads=self.num_query_heads,
             num_kv_heads=self.num_key_value_heads,
             head_dim=self.query_dense.kernel.shape[-1],
-            sliding_window=_sliding_window(self),
+            sliding_window=window,
         )

@@ -16,16 +16,13 @@ class RotaryPagedAttention(PagedAttention):
     Subclasses (`class PagedX(X, RotaryPagedAttention)`) bind
     `call = RotaryPagedAttention.call` (the KerasHub parent comes first in
     the MRO, so its own `call` would win), set `PROJECTIONS` (attribute
-    names of the query, key, value and output projections), override
-    `paged_sliding_window()` for a window, and implement `kv_cache_spec()`.
+    names of the query, key, value and output projections) and implement
+    `kv_cache_spec()`, whose `sliding_window` the attention applies (so the
+    cache vLLM allocates and the attention cannot disagree).
     """
 
     __slots__ = ()
     PROJECTIONS = ("_query_dense", "_key_dense", "_value_dense", "_output_dense")
-
-    def paged_sliding_window(self):
-        """The window in tokens (`q_pos - k_pos < window`), or None."""
-        return None
 
     def call(
         self,
@@ -47,7 +44,7 @@ class RotaryPagedAttention(PagedAttention):
             key,
             value_dense(hidden_states),
             sm_scale=self._inv_norm_factor,
-            sliding_window=self.paged_sliding_window(),
+            sliding_window=self.kv_cache_spec().sliding_window,
         )
         out = output_dense(out)
         return (out, cache) if cache is not None else out
