@@ -7,15 +7,14 @@ start-up logs or false alarms about absent TPU hardware.
 
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
 
 from conftest import trained
+from http_server import running_server
 from keras_vllm import artifact
 from keras_vllm import testing
 
@@ -67,59 +66,30 @@ def test_verify_engine_replays_golden_outputs_quietly(exported):
     _quiet(result.stdout + result.stderr)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_answers_with_the_artifact_defaults_quietly(
     exported, tmp_path
 ):
-    port = _free_port()
     log_path = tmp_path / "serve.log"
-    with open(log_path, "w+") as log:
-        process = subprocess.Popen(
-            CLI
-            + ["serve", exported, "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.time() + 600
-            while True:
-                assert process.poll() is None, log_path.read_text()[-5000:]
-                try:
-                    if requests.get(url + "/health", timeout=2).ok:
-                        break
-                except requests.ConnectionError:
-                    pass
-                assert time.time() < deadline, log_path.read_text()[-5000:]
-                time.sleep(2)
-            golden = artifact.read_json(os.path.join(exported, "golden.json"))
-            for record in golden["outputs"][:3]:
-                # No sampling parameters: the artifact's greedy sampler and
-                # stop tokens apply.
-                response = requests.post(
-                    url + "/v1/completions",
-                    json={
-                        "model": exported,
-                        "prompt": record["prompt_ids"],
-                        "max_tokens": golden["max_new_tokens"],
-                        "return_token_ids": True,
-                    },
-                    timeout=120,
-                )
-                assert response.status_code == 200, response.text
-                choice = response.json()["choices"][0]
-                assert choice["token_ids"] == record["output_ids"]
-        finally:
-            process.terminate()
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
+    with running_server(
+        CLI + ["serve", exported], log_path, timeout=600
+    ) as url:
+        golden = artifact.read_json(os.path.join(exported, "golden.json"))
+        for record in golden["outputs"][:3]:
+            # No sampling parameters: the artifact's greedy sampler and
+            # stop tokens apply.
+            response = requests.post(
+                url + "/v1/completions",
+                json={
+                    "model": exported,
+                    "prompt": record["prompt_ids"],
+                    "max_tokens": golden["max_new_tokens"],
+                    "return_token_ids": True,
+                },
+                timeout=120,
+            )
+            assert response.status_code == 200, response.text
+            choice = response.json()["choices"][0]
+            assert choice["token_ids"] == record["output_ids"]
     text = log_path.read_text()
     assert "vllm serve" in text.splitlines()[0]
     assert "Application startup complete" in text

@@ -1,10 +1,7 @@
 """`vllm serve ARTIFACT` (plain vLLM CLI, our plugin only) over HTTP."""
 
 import os
-import socket
-import subprocess
 import sys
-import time
 
 import pytest
 
@@ -13,6 +10,7 @@ requests = pytest.importorskip("requests")
 pytestmark = pytest.mark.serving
 
 from conftest import trained  # noqa: E402
+from http_server import running_server  # noqa: E402
 from keras_vllm import reference  # noqa: E402
 from keras_vllm import testing  # noqa: E402
 
@@ -21,12 +19,6 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
 )
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,39 +34,12 @@ def server(model, tmp_path_factory):
         golden_prompts=testing.prompts()[:2],
         chat_template=CHAT_TEMPLATE,
     )
-    port = _free_port()
     vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
-    log = open(tmp_path_factory.mktemp("serve_log") / "server.log", "w+")
-    process = subprocess.Popen(
-        [vllm, "serve", path, "--host", "127.0.0.1", "--port", str(port),
-         "--max-num-seqs", "16"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 400
-    try:
-        while True:
-            if process.poll() is not None:
-                log.seek(0)
-                pytest.fail("vllm serve exited:\n" + log.read()[-5000:])
-            try:
-                if requests.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            if time.time() > deadline:
-                log.seek(0)
-                pytest.fail("vllm serve did not start:\n" + log.read()[-5000:])
-            time.sleep(2)
+    log_path = tmp_path_factory.mktemp("serve_log") / "server.log"
+    with running_server(
+        [vllm, "serve", path, "--max-num-seqs", "16"], log_path, timeout=400
+    ) as url:
         yield url, path
-    finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
 
 
 def _text(model, ids):
