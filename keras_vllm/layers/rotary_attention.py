@@ -1,10 +1,10 @@
 """The paged `call` shared by rotary grouped-query attention layers.
 
-Llama, Mistral, Mixtral, Qwen 2 and Qwen-MoE attention do the same thing
-over vLLM's cache: project q/k/v, rotate q and k with the layer's own
-`rotary_embedding_layer` at vLLM's positions, attend with unexpanded K/V
-and scale `_inv_norm_factor`, project out. KerasHub names the projections
-differently per family, so each subclass lists its names in `PROJECTIONS`.
+Several KerasHub attention layers do the same thing over vLLM's cache:
+project q/k/v, rotate q and k with the layer's own `rotary_embedding_layer`
+at vLLM's positions, attend with unexpanded K/V and scale
+`_inv_norm_factor`, project out. KerasHub names the projections differently
+per family, so each family's subclass lists its names in `PROJECTIONS`.
 """
 
 from keras_vllm.layers.base import PagedAttention
