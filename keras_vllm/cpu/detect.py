@@ -122,7 +122,13 @@ def platform_class_path():
     # (vLLM only configures its own "vllm" logger), and CPU serving is a
     # test/development mode, not a production one.
     global _announced
-    if _announced or multiprocessing.parent_process() is not None:
+    # A spawned child names itself before it imports anything, and only
+    # later learns its parent; a forked one knows both.
+    child = (
+        multiprocessing.parent_process() is not None
+        or multiprocessing.current_process().name != "MainProcess"
+    )
+    if _announced or child:
         # Said once: vLLM resolves its platform more than once per process,
         # and the process that started vLLM's engine processes said it.
         return TPU_PLATFORM_CLASS
