@@ -40,9 +40,9 @@ import json
 import os
 import threading
 
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 
-MODE = artifact.TOKENIZER_MODE
+MODE = fmt.TOKENIZER_MODE
 CLASS_NAME = "KerasVllmTokenizer"
 # The renderer vLLM pairs with the mode. HfRenderer only needs the
 # TokenizerLike surface plus `name_or_path` and `get_chat_template`.
@@ -356,12 +356,12 @@ class KerasVllmTokenizer:
         from keras_vllm.load.keras_loader import load_tokenizer
 
         path = os.fspath(path_or_repo_id)
-        manifest = artifact.open_artifact(
-            path, only=(artifact.TOKENIZER_DIR + "/", artifact.CHAT_TEMPLATE_FILE)
-        )
+        manifest = fmt.open_artifact(
+            path, only=(fmt.TOKENIZER_DIR + "/", fmt.CHAT_TEMPLATE_FILE)
+        ).manifest
         native = load_tokenizer(path, manifest=manifest)
         template = None
-        template_path = artifact.safe_join(path, artifact.CHAT_TEMPLATE_FILE)
+        template_path = fmt.safe_join(path, fmt.CHAT_TEMPLATE_FILE)
         if os.path.isfile(template_path):
             with open(template_path, encoding="utf-8") as f:
                 template = f.read()
@@ -702,7 +702,7 @@ class KerasVllmTokenizer:
             "so chat messages cannot be turned into a prompt. Re-export the "
             "model with one: `causal_lm.export_vllm(path, chat_template=...)` "
             "(Jinja text or a path to a .jinja file, stored as "
-            f"'{artifact.CHAT_TEMPLATE_FILE}'); or pass a template to vLLM "
+            f"'{fmt.CHAT_TEMPLATE_FILE}'); or pass a template to vLLM "
             "(`--chat-template` / the request's `chat_template`); or send "
             "plain-text prompts to the completions API."
         )
