@@ -133,7 +133,7 @@ import sys, types
 import keras_vllm
 from keras_vllm import format as fmt
 from keras_vllm.engine import KerasVllmEngine, _jax_started, serving_defaults
-from keras_vllm.load import keras_loader, validate
+from keras_vllm.load import keras_loader
 path = {good_artifact!r}
 manifest = fmt.open_artifact(path).manifest
 fmt.validate_artifact(path, manifest)
