@@ -3,8 +3,8 @@
 On a terminal each phase draws a live line with `rich` (a bar and counts
 when its size is known, a running clock always) that is replaced by a
 one-line summary when the phase ends; a phase opened inside another is
-folded into the outer one's line. Elsewhere (pipes, files, CI) nothing is drawn and each phase
-logs its summary through the `keras_vllm` logger at INFO level, so scripts
+folded into the outer one's line. Elsewhere (pipes, files, CI) nothing is
+drawn and each phase logs its summary through the `keras_vllm` logger at INFO level, so scripts
 and CI logs stay quiet unless logging is configured.
 
 `verbose` follows Keras' `fit(verbose=...)`: `"auto"` (the default) draws
