@@ -141,8 +141,6 @@ def serve_command(path, extra):
 
 
 def _serve(args):
-    from keras_vllm import logs
-
     command = serve_command(args.artifact, args.vllm_args)
     print(" ".join(command), flush=True)
     if not args.quiet:
