@@ -16,6 +16,8 @@ import logging
 import os
 import sys
 
+from keras_vllm import envs
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 
 
@@ -143,14 +145,10 @@ def serve_command(path, extra):
 
 
 def _serve(args):
-    from keras_vllm import logs
-
     command = serve_command(args.artifact, args.vllm_args)
     print(" ".join(command), flush=True)
-    from keras_vllm import progress
-
     if not args.quiet:
-        os.environ[progress.ENGINE_ENV] = "lines"
+        envs.ENGINE_PROGRESS.set("lines")
     if not args.verbose:
         print(
             "keras-vllm: vLLM logs warnings and errors only (-v for all); "
@@ -313,7 +311,7 @@ def main(argv=None):
     from keras_vllm.errors import KerasVllmError
 
     if args.verbose:
-        os.environ[logs.VERBOSE_ENV] = "1"
+        envs.VERBOSE.set("1")
     else:
         # This process is ours: quiet from the start (TensorFlow and vLLM
         # read their settings when imported).

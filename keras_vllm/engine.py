@@ -3,6 +3,7 @@
 import logging
 import os
 
+from keras_vllm import envs
 from keras_vllm import format as fmt
 from keras_vllm import logs
 from keras_vllm import progress
@@ -87,9 +88,8 @@ def _choose_process_start_method():
     instead (as for any spawn-based program, the calling script must guard
     its entry point with `if __name__ == "__main__":`).
     """
-    variable = "VLLM_WORKER_MULTIPROC_METHOD"
-    if variable not in os.environ and _jax_started():
-        os.environ[variable] = "spawn"
+    if envs.WORKER_MULTIPROC_METHOD.raw() is None and _jax_started():
+        envs.WORKER_MULTIPROC_METHOD.set("spawn")
         logger.info(
             "keras-vllm: JAX is already running in this process, so vLLM's "
             "engine process is spawned rather than forked."
@@ -157,7 +157,7 @@ class KerasVllmEngine:
                 kwargs = serving_defaults(path, manifest, engine_kwargs)
                 keras_loader.preflight(path, manifest)
             _choose_process_start_method()
-            loud = verbose is True or logs.verbose_requested()
+            loud = verbose is True or envs.verbose()
             with logs.serving_logs(loud), progress.phase(
                 "starting the vLLM engine (load, compile, warm up)", live=not loud
             ):

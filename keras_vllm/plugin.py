@@ -25,10 +25,11 @@ def platform_plugin():
 def register():
     """Registers keras-vllm's config, model and tokenizer with vLLM."""
     from keras_vllm import _env  # noqa: F401
+    from keras_vllm import envs
     from keras_vllm import logs
 
     logs.show_info_when_verbose()
-    os.environ.setdefault("KERAS_BACKEND", "jax")
+    envs.KERAS_BACKEND.setdefault(envs.KERAS_BACKEND.default)
     from keras_vllm.cpu import detect
 
     if detect.is_cpu_host():

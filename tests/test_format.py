@@ -90,7 +90,7 @@ def test_unknown_golden_reference_is_refused(exported, tmp_path):
 def test_format_imports_only_the_standard_library():
     """The format is read in vLLM's processes before JAX starts and on
     export-only installs: it imports nothing but the standard library,
-    keras_vllm.errors and itself."""
+    keras_vllm.errors, keras_vllm.envs (itself stdlib-only) and itself."""
     import ast
     import sys
 
@@ -102,6 +102,8 @@ def test_format_imports_only_the_standard_library():
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module == "keras_vllm":
+                modules = [f"keras_vllm.{alias.name}" for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 modules = [node.module]
             else:
@@ -110,5 +112,7 @@ def test_format_imports_only_the_standard_library():
                 top = module.split(".")[0]
                 assert (
                     top in sys.stdlib_module_names
-                    or module.startswith(("keras_vllm.format", "keras_vllm.errors"))
+                    or module.startswith(
+                        ("keras_vllm.format", "keras_vllm.errors", "keras_vllm.envs")
+                    )
                 ), f"{name} imports {module}"

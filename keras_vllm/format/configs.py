@@ -7,14 +7,13 @@ backbone config implies is checked before a single variable is allocated.
 """
 
 import math
-import os
 import re
 
+from keras_vllm import envs
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import VersionSkewError
 from keras_vllm.format.checks import fail
 from keras_vllm.format.checks import is_int
-from keras_vllm.format.names import DEFAULT_MAX_PARAMETERS
 from keras_vllm.format.names import MAX_CONFIG_DEPTH
 from keras_vllm.format.names import MAX_CONFIG_INT
 from keras_vllm.format.names import MAX_CONFIG_LIST
@@ -155,15 +154,10 @@ def check_class_name(section, role):
 
 def max_parameters():
     """The parameter-count limit (`KERAS_VLLM_MAX_PARAMETERS` raises it)."""
-    value = os.environ.get(MAX_PARAMETERS_ENV)
-    if not value:
-        return DEFAULT_MAX_PARAMETERS
     try:
-        return int(float(value))
-    except ValueError:
-        raise ArtifactError(
-            f"{MAX_PARAMETERS_ENV}={value!r} is not a number."
-        ) from None
+        return envs.max_parameters()
+    except ValueError as e:
+        raise ArtifactError(str(e)) from None
 
 
 def _dims(config):

@@ -41,10 +41,9 @@ MAX_CONFIG_INT = 1 << 22
 MAX_CONFIG_DEPTH = 16
 MAX_CONFIG_STRING = 100_000
 MAX_CONFIG_LIST = 10_000
-# The largest backbone loaded without asking (estimated from its config, so
-# a hostile config cannot make the loader allocate unbounded memory);
-# `KERAS_VLLM_MAX_PARAMETERS` raises it.
-DEFAULT_MAX_PARAMETERS = 1 << 34
+# The largest backbone loaded without asking is `envs.max_parameters()`
+# (estimated from its config, so a hostile config cannot make the loader
+# allocate unbounded memory); this names the variable in messages.
 MAX_PARAMETERS_ENV = "KERAS_VLLM_MAX_PARAMETERS"
 MAX_CHAT_TEMPLATE_BYTES = 1 << 20
 MAX_GOLDEN_RECORDS = 1000

@@ -9,12 +9,12 @@ runs over vLLM's flat ragged batch.
 """
 
 import logging
-import os
 
 import jax.numpy as jnp
 from flax import nnx
 from keras import ops
 
+from keras_vllm import envs
 from keras_vllm import progress
 from keras_vllm.layers.context import ServingContext
 from keras_vllm.layers.context import serving_context
@@ -50,7 +50,7 @@ class KerasVllmForCausalLM(nnx.Module):
         # Never live lines from vLLM's engine process: other processes
         # share its terminal. `keras-vllm serve` asks for one line per
         # phase; otherwise phases only log at INFO.
-        lines = os.environ.get(progress.ENGINE_ENV) == "lines"
+        lines = envs.engine_progress() == "lines"
         with progress.verbosity("lines" if lines else False):
             manifest = open_verified(self.artifact_path, verbose="auto").manifest
             backbone = build_backbone(
