@@ -9,6 +9,6 @@ nothing of keras-vllm's artifact, layers or CPU backend; those call it:
 """
 
 from keras_vllm.kernels.kv_cache import write_kv_cache
-from keras_vllm.kernels.ragged_paged_attention import ragged_paged_attention
+from keras_vllm.kernels.ragged_attention import ragged_paged_attention
 
 __all__ = ["ragged_paged_attention", "write_kv_cache"]

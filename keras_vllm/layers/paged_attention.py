@@ -37,7 +37,7 @@ def paged_attention(
     Args:
         kv_cache: the layer's KV cache as tpu-inference allocated it
             (`[num_pages, page_size, rows // packing, packing, width]`; see
-            `keras_vllm.cpu.ragged_paged_attention` for the layouts).
+            `keras_vllm.kernels.kv_cache` for the layouts).
         query: `[T, Hq, D]` queries (positions already applied), with the
             model's real, unpadded head dim `D`.
         key: `[T, Hkv, D]` keys (positions already applied).

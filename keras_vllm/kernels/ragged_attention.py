@@ -162,6 +162,9 @@ def ragged_paged_attention(
         sink = attention_sink.astype(jnp.float32).reshape(
             1, num_kv_heads, group)
 
+    # The loop bodies below get their iotas from here, built once: with them
+    # inside the loops XLA:CPU fuses the ALiBi add differently (1-ulp output
+    # differences from the layer kernel this one replaced).
     kv_step = functools.partial(
         _kv_block_step,
         kv_cache=kv_cache,
@@ -176,6 +179,7 @@ def ragged_paged_attention(
         bias=bias,
         use_causal_mask=use_causal_mask,
         sliding_window=sliding_window,
+        kv_iota=jnp.arange(kv_block_pages * page_size, dtype=jnp.int32),
     )
     q_step = functools.partial(
         _q_block_step,
@@ -185,6 +189,7 @@ def ragged_paged_attention(
         sink=sink,
         use_causal_mask=use_causal_mask,
         sliding_window=sliding_window,
+        q_iota=jnp.arange(_Q_BLOCK, dtype=jnp.int32),
     )
 
     def seq_step(seq_idx, out):
@@ -224,12 +229,13 @@ def _prepare_queries(queries, q_scale, cache_dtype, num_kv_heads):
 
 
 def _q_block_step(q_blk_idx, out, *, seq_idx, q_start, q_end, kv_len, q,
-                  kv_step, kv_block, sink, use_causal_mask, sliding_window):
+                  kv_step, kv_block, sink, use_causal_mask, sliding_window,
+                  q_iota):
     """Attends one block of `_Q_BLOCK` queries of a sequence; writes `out`."""
     num_kv_heads, group, head_dim = q.shape[1:]
     row0 = q_start + q_blk_idx * _Q_BLOCK
     q_blk = lax.dynamic_slice_in_dim(q, row0, _Q_BLOCK)
-    rows = row0 + jnp.arange(_Q_BLOCK, dtype=jnp.int32)
+    rows = row0 + q_iota
     q_ok = rows < q_end
     q_pos = kv_len - (q_end - q_start) + (rows - q_start)
     # Only KV blocks that some query of this block can see.
@@ -261,7 +267,7 @@ def _q_block_step(q_blk_idx, out, *, seq_idx, q_start, q_end, kv_len, q,
 def _kv_block_step(kv_idx, carry, *, seq_idx, q_blk, q_pos, q_ok, kv_len,
                    kv_cache, page_indices, pages_per_seq, kv_block_pages,
                    num_kv_heads, head_dim, hd64, logit_scale, soft_cap, bias,
-                   use_causal_mask, sliding_window):
+                   use_causal_mask, sliding_window, kv_iota):
     """One online-softmax update of a query block with one KV block."""
     m_prev, l_prev, acc = carry
     kv_block = kv_block_pages * kv_cache.shape[1]
@@ -274,7 +280,7 @@ def _kv_block_step(kv_idx, carry, *, seq_idx, q_blk, q_pos, q_ok, kv_len,
     k, v = split_kv(block, num_kv_heads, head_dim, hd64=hd64)
     k = k.astype(jnp.float32)
     v = v.astype(jnp.float32)
-    k_pos = kv_idx * kv_block + jnp.arange(kv_block, dtype=jnp.int32)
+    k_pos = kv_idx * kv_block + kv_iota  # [Bk]
     s = jnp.einsum("qhgd,khd->qhgk", q_blk, k) * logit_scale
     if soft_cap is not None:
         s = soft_cap * jnp.tanh(s / soft_cap)
