@@ -62,42 +62,6 @@ def alibi_slopes(num_heads, max_bias=8.0):
     return power_of_2(closest) + extra
 
 
-def paged_attend_with_alibi(layer, query, key, value, *, sm_scale, slopes):
-    """`PagedAttention.paged_attend` with an ALiBi bias, for family layers.
-
-    Args:
-        layer: the paged attention layer (its `kv_cache_index` and the
-            active serving context are used).
-        query: `[T, 1, num_heads, head_dim]`.
-        key: `[T, 1, num_kv_heads, head_dim]`.
-        value: `[T, 1, num_kv_heads, head_dim]`.
-        sm_scale: softmax scale applied to `q @ k`.
-        slopes: `num_heads` floats, the bias per unit of `k_pos - q_pos` in
-            logit units (after `sm_scale`).
-
-    Returns:
-        `[T, 1, num_heads, head_dim]` in the query's dtype.
-    """
-    from keras import ops
-
-    from keras_vllm.layers.context import require_context
-
-    context = require_context(layer)
-    index = layer.kv_cache_index
-    new_cache, out = paged_alibi_attention(
-        context.read_cache(index),
-        query[:, 0],
-        key[:, 0],
-        value[:, 0],
-        context.attention_metadata,
-        sm_scale=float(sm_scale),
-        alibi_slopes=[float(s) for s in slopes],
-        mesh=context.mesh,
-    )
-    context.write_cache(index, new_cache)
-    return ops.cast(out[:, None], query.dtype)
-
-
 def paged_alibi_attention(
     kv_cache,
     query,
@@ -175,5 +139,4 @@ def paged_alibi_attention(
 __all__ = [
     "alibi_slopes",
     "paged_alibi_attention",
-    "paged_attend_with_alibi",
 ]

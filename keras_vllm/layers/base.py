@@ -63,7 +63,15 @@ class PagedAttention:
         return ops.reshape(require_context(self).positions, (-1, 1))
 
     def paged_attend(
-        self, query, key, value, *, sm_scale, sliding_window=None, soft_cap=None
+        self,
+        query,
+        key,
+        value,
+        *,
+        sm_scale,
+        sliding_window=None,
+        soft_cap=None,
+        alibi_slopes=None,
     ):
         """Attends over vLLM's paged KV cache for this layer.
 
@@ -74,25 +82,47 @@ class PagedAttention:
             sm_scale: softmax scale applied to `q @ k`.
             sliding_window: window in tokens (`q_pos - k_pos < window`).
             soft_cap: attention logit soft cap (`cap * tanh(x / cap)`).
+            alibi_slopes: one float per query head for an ALiBi bias
+                `slope * (k_pos - q_pos)` in logit units (after `sm_scale`).
+                tpu-inference's kernel has no additive bias, so these layers
+                attend through `alibi_attention.paged_alibi_attention`
+                (same cache, pure JAX); no window or soft cap with it.
 
         Returns:
             `[T, 1, num_query_heads, head_dim]` in the query's dtype.
         """
-        from keras_vllm.layers.paged_attention import paged_attention
-
         context = require_context(self)
         index = self.kv_cache_index
-        new_cache, out = paged_attention(
+        args = (
             context.read_cache(index),
             query[:, 0],
             key[:, 0],
             value[:, 0],
             context.attention_metadata,
-            sm_scale=float(sm_scale),
-            sliding_window=sliding_window,
-            soft_cap=soft_cap,
-            mesh=context.mesh,
         )
+        if alibi_slopes is not None:
+            from keras_vllm.layers.alibi_attention import paged_alibi_attention
+
+            if sliding_window is not None or soft_cap is not None:
+                raise ValueError(
+                    "ALiBi paged attention takes no sliding window or soft cap."
+                )
+            new_cache, out = paged_alibi_attention(
+                *args,
+                sm_scale=float(sm_scale),
+                alibi_slopes=[float(s) for s in alibi_slopes],
+                mesh=context.mesh,
+            )
+        else:
+            from keras_vllm.layers.paged_attention import paged_attention
+
+            new_cache, out = paged_attention(
+                *args,
+                sm_scale=float(sm_scale),
+                sliding_window=sliding_window,
+                soft_cap=soft_cap,
+                mesh=context.mesh,
+            )
         context.write_cache(index, new_cache)
         return ops.cast(out[:, None], query.dtype)
 

@@ -13,7 +13,6 @@ from keras import ops
 from keras_hub.src.models.bloom.bloom_attention import BloomAttention
 
 from keras_vllm.layers.alibi_attention import alibi_slopes
-from keras_vllm.layers.alibi_attention import paged_attend_with_alibi
 from keras_vllm.layers.base import KVCacheSpec
 from keras_vllm.layers.base import PagedAttention
 from keras_vllm.layers.registry import register_paged
@@ -40,13 +39,12 @@ class PagedBloomAttention(BloomAttention, PagedAttention):
         slopes = alibi_slopes(
             self.num_heads, max_bias=self._alibi_layer.alibi_bias_max
         )
-        out = paged_attend_with_alibi(
-            self,
+        out = self.paged_attend(
             self._query_dense(hidden_states),
             self._key_dense(hidden_states),
             self._value_dense(hidden_states),
             sm_scale=self.inv_norm_factor,
-            slopes=slopes,
+            alibi_slopes=slopes,
         )
         out = ops.reshape(out, (ops.shape(out)[0], 1, -1))
         out = self._output_dense(out)

@@ -13,7 +13,6 @@ from keras import ops
 from keras_hub.src.models.falcon.falcon_attention import FalconAttention
 
 from keras_vllm.layers.alibi_attention import alibi_slopes
-from keras_vllm.layers.alibi_attention import paged_attend_with_alibi
 from keras_vllm.layers.base import KVCacheSpec
 from keras_vllm.layers.base import PagedAttention
 from keras_vllm.layers.registry import register_paged
@@ -39,14 +38,13 @@ class PagedFalconAttention(FalconAttention, PagedAttention):
         cache_update_index=None,
     ):
         scale = self.inv_norm_factor
-        out = paged_attend_with_alibi(
-            self,
+        out = self.paged_attend(
             self.query_dense(inputs),
             self.key_dense(inputs),
             self.value_dense(inputs),
             sm_scale=scale,
             # Falcon scales the bias together with q . k.
-            slopes=[s * scale for s in alibi_slopes(self.num_heads)],
+            alibi_slopes=[s * scale for s in alibi_slopes(self.num_heads)],
         )
         out = ops.reshape(out, (ops.shape(out)[0], 1, -1))
         out = self.output_dense(out)
