@@ -27,8 +27,9 @@ How vLLM drives it (0.32):
   over a sliding window, holding text back while it ends in U+FFFD.
 
 Modules: `registration` (the mode and renderer entries), `vocabulary`
-(ids <-> pieces, decoding), `chat` (templates and their rendering),
-`adapter` (the `TokenizerLike` class).
+(ids <-> pieces, decoding), `special_tokens` (start, end, skipped ids),
+`chat` (templates and their rendering), `adapter` (the `TokenizerLike`
+class).
 
 Nothing here runs a Keras layer's `__call__`: that initializes the JAX
 runtime, and vLLM loads the tokenizer in its front-end process *before*

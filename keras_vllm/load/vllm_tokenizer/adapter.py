@@ -4,6 +4,7 @@ import os
 
 from keras_vllm import artifact
 from keras_vllm.load.vllm_tokenizer import chat
+from keras_vllm.load.vllm_tokenizer.special_tokens import SpecialTokens
 from keras_vllm.load.vllm_tokenizer.vocabulary import KIND_SPM
 from keras_vllm.load.vllm_tokenizer.vocabulary import Vocabulary
 
@@ -37,12 +38,8 @@ class KerasVllmTokenizer(TokenizerLike):
     tables are built at construction, so the object is read-only afterwards
     and safe to share between vLLM's renderer threads.
 
-    Encoding is the native KerasHub tokenizer's; the start token is
-    prepended exactly when `CausalLM.generate()` prepends it (the exported
-    preprocessor's `add_start_token` and a start token exists), unless
-    `add_special_tokens=False`. `eos_token_id` is the artifact's first stop
-    token. Special tokens (for `skip_special_tokens`) are the tokenizer's
-    own special tokens plus the stop tokens, the ids `generate()` strips.
+    Encoding is the native KerasHub tokenizer's, with the start token and
+    the special tokens `CausalLM.generate()` uses (see `SpecialTokens`).
 
     Example:
 
@@ -84,36 +81,8 @@ class KerasVllmTokenizer(TokenizerLike):
             manifest.get("max_sequence_length") or int(1e30)
         )
 
-        section = manifest.get("tokenizer", {})
-        preprocessor = manifest.get("preprocessor", {}).get("config", {})
-        start = section.get("start_token_id")
-        end = section.get("end_token_id")
-        pad = section.get("pad_token_id")
-        stops = [int(i) for i in manifest.get("stop_token_ids") or []]
-
         self._vocab = Vocabulary(tokenizer)
-        self._bos_token_id = None if start is None else int(start)
-        self._add_bos = bool(preprocessor.get("add_start_token", False)) and (
-            self._bos_token_id is not None
-        )
-        if stops:
-            self._eos_token_id = stops[0]
-        else:
-            self._eos_token_id = None if end is None else int(end)
-        self._pad_token_id = None if pad is None else int(pad)
-
-        special = set(stops)
-        try:
-            special.update(int(i) for i in tokenizer.special_token_ids)
-        except (AttributeError, ValueError, TypeError):
-            pass
-        for value in (self._bos_token_id, end):
-            if value is not None:
-                special.add(int(value))
-        self._special_ids = frozenset(
-            i for i in special if self._vocab.contains(i)
-        )
-        self._special_ids_sorted = sorted(self._special_ids)
+        self._special = SpecialTokens(manifest, tokenizer, self._vocab)
 
         if self._vocab.kind == KIND_SPM:
             # vLLM's logprob token strings restore the leading spaces that
@@ -209,43 +178,43 @@ class KerasVllmTokenizer(TokenizerLike):
 
     @property
     def bos_token_id(self):
-        return self._bos_token_id
+        return self._special.bos_id
 
     @property
     def eos_token_id(self):
-        return self._eos_token_id
+        return self._special.eos_id
 
     @property
     def pad_token_id(self):
-        return self._pad_token_id
+        return self._special.pad_id
 
     @property
     def bos_token(self):
-        return self._vocab.token(self._bos_token_id)
+        return self._vocab.token(self._special.bos_id)
 
     @property
     def eos_token(self):
-        return self._vocab.token(self._eos_token_id)
+        return self._vocab.token(self._special.eos_id)
 
     @property
     def pad_token(self):
-        return self._vocab.token(self._pad_token_id)
+        return self._vocab.token(self._special.pad_id)
 
     @property
     def all_special_ids(self):
-        return list(self._special_ids_sorted)
+        return list(self._special.sorted_ids)
 
     @property
     def all_special_tokens(self):
-        return self._vocab.ids_to_tokens(self._special_ids_sorted)
+        return self._vocab.ids_to_tokens(self._special.sorted_ids)
 
     @property
     def add_bos_token(self):
         """Whether `encode()` prepends the start token (as generate() does)."""
-        return self._add_bos
+        return self._special.add_bos
 
     def num_special_tokens_to_add(self):
-        return 1 if self._add_bos else 0
+        return 1 if self._special.add_bos else 0
 
     # -- vocabulary ----------------------------------------------------------
 
@@ -261,7 +230,7 @@ class KerasVllmTokenizer(TokenizerLike):
 
         A single int gives a single string, as in HF tokenizers.
         """
-        skip = self._special_ids if skip_special_tokens else ()
+        skip = self._special.ids if skip_special_tokens else ()
         if isinstance(ids, int) or getattr(ids, "ndim", 1) == 0:
             tokens = self._vocab.ids_to_tokens([int(ids)], skip)
             return tokens[0] if tokens else None
@@ -305,8 +274,8 @@ class KerasVllmTokenizer(TokenizerLike):
                 f"{type(text).__name__}."
             )
         ids = self._vocab.native_ids(text)
-        add_bos = add_special_tokens and self._add_bos
-        prefix = [self._bos_token_id] if add_bos else []
+        add_bos = add_special_tokens and self._special.add_bos
+        prefix = [self._special.bos_id] if add_bos else []
         if truncation and max_length is not None:
             budget = max(int(max_length) - len(prefix), 0)
             if len(ids) > budget:
@@ -350,7 +319,7 @@ class KerasVllmTokenizer(TokenizerLike):
         Ids outside the vocabulary are dropped; special tokens are dropped
         when `skip_special_tokens`.
         """
-        skip = self._special_ids if skip_special_tokens else ()
+        skip = self._special.ids if skip_special_tokens else ()
         return self._vocab.decode(ids, skip)
 
     def batch_decode(self, sequences, skip_special_tokens=False, **kwargs):
