@@ -336,48 +336,30 @@ def test_chat_template_renders(artifacts):
 
 def test_continue_final_message(artifacts):
     tok = artifacts["gpt2"].tokenizer
+
+    def cont(messages, **kwargs):
+        return tok.apply_chat_template(
+            messages, continue_final_message=True, tokenize=False, **kwargs
+        )
+
     partial = MESSAGES + [{"role": "assistant", "content": "Sure,"}]
     with pytest.raises(ValueError, match="not compatible"):
-        tok.apply_chat_template(
-            partial,
-            continue_final_message=True,
-            add_generation_prompt=True,
-            tokenize=False,
-        )
+        cont(partial, add_generation_prompt=True)
     with pytest.raises(ValueError, match="no messages"):
-        tok.apply_chat_template(
-            [], continue_final_message=True, tokenize=False
-        )
+        cont([])
     # A template that drops the final message cannot continue it.
     drops_last = "{% for m in messages[:-1] %}{{ m['content'] }}{% endfor %}"
     with pytest.raises(ValueError, match="final message"):
-        tok.apply_chat_template(
-            partial,
-            chat_template=drops_last,
-            continue_final_message=True,
-            tokenize=False,
-        )
+        cont(partial, chat_template=drops_last)
     # Content blocks: the last text block is the one continued.
     blocks = (
         "{% for m in messages %}{% if m['content'] is string %}"
         "{{ m['content'] }}{% else %}{% for b in m['content'] %}"
         "{{ b['text'] }}{% endfor %}{% endif %}|{% endfor %}"
     )
-    block_messages = MESSAGES + [
-        {
-            "role": "assistant",
-            "content": [
-                {"type": "text", "text": "One."},
-                {"type": "text", "text": "Two,"},
-            ],
-        }
-    ]
-    text = tok.apply_chat_template(
-        block_messages,
-        chat_template=blocks,
-        continue_final_message=True,
-        tokenize=False,
-    )
+    texts = [{"type": "text", "text": t} for t in ("One.", "Two,")]
+    block_messages = MESSAGES + [{"role": "assistant", "content": texts}]
+    text = cont(block_messages, chat_template=blocks)
     assert text == "Be brief.|héllo 🙂|One.Two,"
     # The caller's messages are left as they were.
     assert block_messages[-1]["content"][-1]["text"] == "Two,"
