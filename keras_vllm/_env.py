@@ -6,8 +6,7 @@ JAX (vLLM forks after plugins load, and a JAX runtime started before a fork
 aborts the child).
 """
 
-import os
-
+from keras_vllm import envs
 from keras_vllm import logs
 
 
@@ -17,12 +16,12 @@ def configure_environment():
     On a host without a TPU it also pins JAX to CPU devices, so that an
     installed libtpu does not probe for absent hardware on every start.
     """
-    os.environ.setdefault("KERAS_BACKEND", "jax")
-    os.environ.setdefault("KERAS_NNX_ENABLED", "true")
+    envs.KERAS_BACKEND.setdefault(envs.KERAS_BACKEND.default)
+    envs.KERAS_NNX_ENABLED.setdefault(envs.KERAS_NNX_ENABLED.default)
     from keras_vllm.cpu.detect import is_cpu_host
 
     if is_cpu_host():
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        envs.JAX_PLATFORMS.setdefault("cpu")
 
 
 configure_environment()

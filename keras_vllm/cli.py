@@ -16,6 +16,8 @@ import logging
 import os
 import sys
 
+from keras_vllm import envs
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 
 
@@ -42,20 +44,24 @@ def _export(args):
 
 
 def _inspect(args):
-    from keras_vllm import artifact
     from keras_vllm.inspect_artifact import summary
+    from keras_vllm.load.opening import open_verified
 
-    manifest = artifact.open_artifact(args.artifact, verify=not args.no_verify)
+    manifest = open_verified(
+        args.artifact, verify=not args.no_verify, validate=False
+    ).manifest
     print(summary(args.artifact, manifest))
     return EXIT_OK
 
 
 def _verify(args):
     import keras_vllm
-    from keras_vllm import artifact
     from keras_vllm.load.keras_loader import check_golden
+    from keras_vllm.load.opening import open_verified
 
-    manifest = artifact.open_artifact(args.artifact, verbose="auto")
+    manifest = open_verified(
+        args.artifact, verbose="auto", validate=False
+    ).manifest
     print(f"checksums       ok ({len(manifest['files'])} files)")
     causal_lm = keras_vllm.load_causal_lm(args.artifact, verify=False)
     failures = check_golden(causal_lm, args.artifact, manifest)
@@ -82,10 +88,10 @@ def _verbose(args):
 
 
 def _engine_golden(path, manifest, args):
-    from keras_vllm import artifact
+    from keras_vllm import format as fmt
     from keras_vllm.engine import KerasVllmEngine
 
-    golden = artifact.read_json(artifact.safe_join(path, artifact.GOLDEN_FILE))
+    golden = fmt.read_json(fmt.safe_join(path, fmt.GOLDEN_FILE))
     from vllm import SamplingParams
 
     stops = manifest["stop_token_ids"]
@@ -112,17 +118,17 @@ def _engine_golden(path, manifest, args):
 
 def serve_command(path, extra):
     """The `vllm serve` command line for an artifact."""
-    from keras_vllm import artifact
+    from keras_vllm import format as fmt
     from keras_vllm.engine import serving_defaults
 
-    manifest = artifact.open_artifact(path)
+    manifest = fmt.open_artifact(path).manifest
     defaults = serving_defaults(os.path.abspath(path), manifest, {})
     command = [
         os.path.join(os.path.dirname(sys.executable), "vllm"),
         "serve",
         os.path.abspath(path),
         "--tokenizer-mode",
-        artifact.TOKENIZER_MODE,
+        fmt.TOKENIZER_MODE,
         "--dtype",
         defaults["dtype"],
         "--max-model-len",
@@ -139,14 +145,10 @@ def serve_command(path, extra):
 
 
 def _serve(args):
-    from keras_vllm import logs
-
     command = serve_command(args.artifact, args.vllm_args)
     print(" ".join(command), flush=True)
-    from keras_vllm import progress
-
     if not args.quiet:
-        os.environ[progress.ENGINE_ENV] = "lines"
+        envs.ENGINE_PROGRESS.set("lines")
     if not args.verbose:
         print(
             "keras-vllm: vLLM logs warnings and errors only (-v for all); "
@@ -309,7 +311,7 @@ def main(argv=None):
     from keras_vllm.errors import KerasVllmError
 
     if args.verbose:
-        os.environ[logs.VERBOSE_ENV] = "1"
+        envs.VERBOSE.set("1")
     else:
         # This process is ours: quiet from the start (TensorFlow and vLLM
         # read their settings when imported).

@@ -25,6 +25,7 @@ def run(family="llama3", workdir=None, steps=100):
     import keras_hub
 
     import keras_vllm
+    from keras_vllm import format as fmt
     from keras_vllm import reference
     from keras_vllm import testing
     from keras_vllm.load.keras_loader import check_golden
@@ -48,7 +49,7 @@ def run(family="llama3", workdir=None, steps=100):
         max_sequence_length=256,
         golden_prompts=testing.prompts(),
     )
-    manifest = keras_vllm.artifact.open_artifact(path)
+    manifest = fmt.open_artifact(path).manifest
     print(
         f"    exported {path} ({manifest['weights']['mode']} weights against "
         f"preset {preset})"

@@ -3,7 +3,8 @@
 import logging
 import os
 
-from keras_vllm import artifact
+from keras_vllm import envs
+from keras_vllm import format as fmt
 from keras_vllm import logs
 from keras_vllm import progress
 from keras_vllm.errors import ServingError
@@ -24,19 +25,19 @@ def serving_defaults(path, manifest, overrides):
     """
     from keras_vllm.cpu import detect
 
-    config_path = artifact.safe_join(path, artifact.CONFIG_FILE)
+    config_path = fmt.safe_join(path, fmt.CONFIG_FILE)
     if not manifest.get("servable", True) or not os.path.isfile(config_path):
         raise ServingError(
             f"'{path}' cannot be served on vLLM: "
             f"{manifest.get('unservable_reason') or 'it has no config.json'} "
             "(it was exported with `allow_unservable=True`)."
         )
-    config = artifact.read_json(config_path)
+    config = fmt.open_artifact(path, verify=False).read_json(fmt.CONFIG_FILE)
     max_positions = int(config["max_position_embeddings"])
     kwargs = {
         "model": path,
         "tokenizer": path,
-        "tokenizer_mode": artifact.TOKENIZER_MODE,
+        "tokenizer_mode": fmt.TOKENIZER_MODE,
         "dtype": manifest["dtype"],
         "max_model_len": max_positions,
         "max_num_seqs": _DEFAULT_MAX_NUM_SEQS,
@@ -55,10 +56,10 @@ def serving_defaults(path, manifest, overrides):
             "`max_sequence_length` if the model supports it."
         )
     dtype = kwargs.get("dtype")
-    if dtype not in (None, "auto") and str(dtype) not in artifact.SUPPORTED_DTYPES:
+    if dtype not in (None, "auto") and str(dtype) not in fmt.SUPPORTED_DTYPES:
         raise ServingError(
             f"dtype={dtype!r} cannot serve this artifact; use one of "
-            f"{artifact.SUPPORTED_DTYPES}."
+            f"{fmt.SUPPORTED_DTYPES}."
         )
     return kwargs
 
@@ -87,9 +88,8 @@ def _choose_process_start_method():
     instead (as for any spawn-based program, the calling script must guard
     its entry point with `if __name__ == "__main__":`).
     """
-    variable = "VLLM_WORKER_MULTIPROC_METHOD"
-    if variable not in os.environ and _jax_started():
-        os.environ[variable] = "spawn"
+    if envs.WORKER_MULTIPROC_METHOD.raw() is None and _jax_started():
+        envs.WORKER_MULTIPROC_METHOD.set("spawn")
         logger.info(
             "keras-vllm: JAX is already running in this process, so vLLM's "
             "engine process is spawned rather than forked."
@@ -143,20 +143,21 @@ class KerasVllmEngine:
         from keras_vllm import _env  # noqa: F401
 
         from keras_vllm.load import keras_loader
-        from keras_vllm.load import validate
-
+        from keras_vllm.load.opening import open_verified
+        
         path = os.path.abspath(os.fspath(path))
         with progress.verbosity(verbose):
             # Everything the engine process would refuse is refused here, in
             # this process and without starting JAX, before vLLM starts (and
             # before its memory profiling run).
-            manifest = artifact.open_artifact(path, verbose="auto")
+            opened = open_verified(path, verbose="auto", validate=False)
+            manifest = opened.manifest
             with progress.phase("checking the artifact"):
-                validate.validate_artifact(path, manifest)
+                opened.validate()
                 kwargs = serving_defaults(path, manifest, engine_kwargs)
                 keras_loader.preflight(path, manifest)
             _choose_process_start_method()
-            loud = verbose is True or logs.verbose_requested()
+            loud = verbose is True or envs.verbose()
             with logs.serving_logs(loud), progress.phase(
                 "starting the vLLM engine (load, compile, warm up)", live=not loud
             ):

@@ -2,7 +2,7 @@
 
 import os
 
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 
 
 def _size(n):
@@ -20,7 +20,7 @@ def summary(path, manifest):
     family = manifest["backbone"]["class_name"].removesuffix("Backbone")
     lines = [
         f"artifact        {os.path.abspath(path)}",
-        f"format          {artifact.FORMAT_NAME} "
+        f"format          {fmt.FORMAT_NAME} "
         f"{'.'.join(map(str, manifest['format_version']))}",
         f"family          {family} ({manifest['causal_lm']['class_name']})",
         f"parameters      {manifest.get('parameter_count', 0):,}",
@@ -41,13 +41,13 @@ def summary(path, manifest):
         f"{_size(sum(f['bytes'] for f in files.values()))}",
     ]
     for rel in sorted(files):
-        if not rel.startswith(artifact.WEIGHTS_DIR + "/"):
+        if not rel.startswith(fmt.WEIGHTS_DIR + "/"):
             lines.append(f"  {rel:<40} {_size(files[rel]['bytes'])}")
-    weight_files = [r for r in files if r.startswith(artifact.WEIGHTS_DIR + "/")]
+    weight_files = [r for r in files if r.startswith(fmt.WEIGHTS_DIR + "/")]
     if weight_files:
         total = sum(files[r]["bytes"] for r in weight_files)
         lines.append(
-            f"  {artifact.WEIGHTS_DIR + '/':<40} {_size(total)} "
+            f"  {fmt.WEIGHTS_DIR + '/':<40} {_size(total)} "
             f"({len(weight_files)} orbax files)"
         )
     return "\n".join(lines)

@@ -19,7 +19,10 @@ import logging
 import os
 import re
 
-VERBOSE_ENV = "KERAS_VLLM_VERBOSE"
+from keras_vllm import envs
+
+# Kept for callers that name the variable.
+VERBOSE_ENV = envs.VERBOSE.name
 
 # logger name -> messages that are false alarms on the hosts keras-vllm
 # supports (a CPU host or a TPU VM).
@@ -67,15 +70,9 @@ FALSE_ALARMS = {
 
 # Set for vLLM's processes in quiet serving, unless the user set them.
 QUIET_ENVIRONMENT = {
-    "VLLM_LOGGING_LEVEL": "WARNING",
-    "TRANSFORMERS_VERBOSITY": "error",
+    envs.LOGGING_LEVEL.name: "WARNING",
+    envs.TRANSFORMERS_VERBOSITY.name: "error",
 }
-
-
-def verbose_requested():
-    """Whether `KERAS_VLLM_VERBOSE` asks for every log line."""
-    value = os.environ.get(VERBOSE_ENV, "").strip().lower()
-    return value in ("1", "true", "yes", "on")
 
 
 class _DropFalseAlarms(logging.Filter):
@@ -103,7 +100,7 @@ def install_false_alarm_filters():
     Safe to call often and before the noisy modules are imported (their
     loggers are the same objects `logging.getLogger` returns now).
     """
-    if verbose_requested():
+    if envs.verbose():
         return
     for name, patterns in FALSE_ALARMS.items():
         target = logging.getLogger(name)
@@ -113,7 +110,7 @@ def install_false_alarm_filters():
 
 def quiet_environment():
     """The environment changes for quiet serving ({} when verbose)."""
-    if verbose_requested():
+    if envs.verbose():
         return {}
     return {
         key: value
@@ -127,7 +124,7 @@ def apply_quiet_environment():
     command-line process); returns the environment it set."""
     changes = quiet_environment()
     os.environ.update(changes)
-    if "VLLM_LOGGING_LEVEL" in changes:
+    if envs.LOGGING_LEVEL.name in changes:
         # vLLM reads the variable when it is first imported; an already
         # imported vLLM gets the level directly.
         logging.getLogger("vllm").setLevel(logging.WARNING)
@@ -148,7 +145,7 @@ def serving_logs(verbose):
     vllm_logger = logging.getLogger("vllm")
     level = vllm_logger.level
     if verbose is True:
-        changes = {} if verbose_requested() else {VERBOSE_ENV: "1"}
+        changes = {} if envs.verbose() else {VERBOSE_ENV: "1"}
         os.environ.update(changes)
     else:
         changes = apply_quiet_environment()
@@ -163,7 +160,7 @@ def show_info_when_verbose():
     """With `KERAS_VLLM_VERBOSE=1`, prints keras-vllm's INFO lines (phases,
     what is served) in processes where nobody configured logging, such as
     vLLM's engine processes."""
-    if not verbose_requested():
+    if not envs.verbose():
         return
     target = logging.getLogger("keras_vllm")
     if target.handlers or logging.getLogger().handlers:

@@ -25,10 +25,11 @@ def platform_plugin():
 def register():
     """Registers keras-vllm's config, model and tokenizer with vLLM."""
     from keras_vllm import _env  # noqa: F401
+    from keras_vllm import envs
     from keras_vllm import logs
 
     logs.show_info_when_verbose()
-    os.environ.setdefault("KERAS_BACKEND", "jax")
+    envs.KERAS_BACKEND.setdefault(envs.KERAS_BACKEND.default)
     from keras_vllm.cpu import detect
 
     if detect.is_cpu_host():
@@ -36,7 +37,7 @@ def register():
 
         apply_patches()
 
-    from keras_vllm import artifact
+    from keras_vllm import format as fmt
     from keras_vllm.load import hf_config
 
     hf_config.register()
@@ -49,18 +50,18 @@ def register():
 
     from keras_vllm.load.vllm_model import KerasVllmForCausalLM
 
-    register_model(artifact.ARCHITECTURE, KerasVllmForCausalLM)
+    register_model(fmt.ARCHITECTURE, KerasVllmForCausalLM)
     _default_tokenizer_mode_for_artifacts()
 
 
 def _is_artifact(path):
-    from keras_vllm import artifact
+    from keras_vllm import format as fmt
 
-    manifest = os.path.join(str(path), artifact.MANIFEST_FILE)
+    manifest = os.path.join(str(path), fmt.MANIFEST_FILE)
     if not os.path.isfile(manifest):
         return False
     try:
-        return artifact.read_json(manifest).get("format") == artifact.FORMAT_NAME
+        return fmt.read_json(manifest).get("format") == fmt.FORMAT_NAME
     except Exception:  # any unreadable manifest is simply not ours
         return False
 
@@ -79,7 +80,7 @@ def _default_tokenizer_mode_for_artifacts():
 
     from vllm.tokenizers import registry
 
-    from keras_vllm import artifact
+    from keras_vllm import format as fmt
 
     original = registry.resolve_tokenizer_args
     if getattr(original, "_keras_vllm", False):
@@ -88,7 +89,7 @@ def _default_tokenizer_mode_for_artifacts():
     @functools.wraps(original)
     def resolve(tokenizer_name, *args, tokenizer_mode="auto", **kwargs):
         if tokenizer_mode == "auto" and _is_artifact(tokenizer_name):
-            tokenizer_mode = artifact.TOKENIZER_MODE
+            tokenizer_mode = fmt.TOKENIZER_MODE
         return original(
             tokenizer_name, *args, tokenizer_mode=tokenizer_mode, **kwargs
         )

@@ -9,7 +9,7 @@ same base weights.
 
 import os
 
-from keras_vllm.artifact import sha256_file
+from keras_vllm.format import sha256_file
 from keras_vllm.errors import IntegrityError
 from keras_vllm.errors import PresetUnavailableError
 

@@ -1,9 +1,10 @@
 """Progress of long exports and loads: one line per phase.
 
-On a terminal each phase draws a live line (a bar when its size is known, a
-running clock otherwise) that is replaced by a one-line summary when the
-phase ends. Elsewhere (pipes, files, CI) nothing is drawn and each phase
-logs its summary through the `keras_vllm` logger at INFO level, so scripts
+On a terminal each phase draws a live line with `rich` (a bar and counts
+when its size is known, a running clock always) that is replaced by a
+one-line summary when the phase ends; a phase opened inside another is
+folded into the outer one's line. Elsewhere (pipes, files, CI) nothing is
+drawn and each phase logs its summary through the `keras_vllm` logger at INFO level, so scripts
 and CI logs stay quiet unless logging is configured.
 
 `verbose` follows Keras' `fit(verbose=...)`: `"auto"` (the default) draws
@@ -26,16 +27,20 @@ with progress.phase("recording golden outputs", total=9, unit="prompts") as p:
 import contextlib
 import contextvars
 import logging
-import os
 import sys
-import threading
 import time
+
+from rich import console as rich_console
+from rich import progress as rich_progress
+
+from keras_vllm import envs
 
 logger = logging.getLogger("keras_vllm")
 
-ENV = "KERAS_VLLM_PROGRESS"
+# Kept for callers that name the variables (load/vllm_model.py, tests).
+ENV = envs.PROGRESS.name
 # "lines": vLLM's engine processes print one line per phase (keras-vllm serve).
-ENGINE_ENV = "KERAS_VLLM_ENGINE_PROGRESS"
+ENGINE_ENV = envs.ENGINE_PROGRESS.name
 _BAR_WIDTH = 24
 _REDRAW_SECONDS = 0.1
 _CLOCK_SECONDS = 0.5
@@ -69,7 +74,7 @@ def resolve(verbose="auto", stream=None):
     if verbose in ("auto", None):
         verbose = _verbose.get()
     if verbose in ("auto", None):
-        verbose = os.environ.get(ENV, "auto")
+        verbose = envs.progress()
     verbose = _parse(verbose)
     if verbose is False:
         return "log"
@@ -77,8 +82,7 @@ def resolve(verbose="auto", stream=None):
         return "line"
     stream = stream or sys.stderr
     on_terminal = bool(getattr(stream, "isatty", lambda: False)())
-    in_ci = bool(os.environ.get("CI")) or os.environ.get("TERM") == "dumb"
-    if on_terminal and not (verbose == "auto" and in_ci):
+    if on_terminal and not (verbose == "auto" and envs.in_ci()):
         return "bar"
     return "line" if verbose is True else "log"
 
@@ -102,6 +106,26 @@ def _size(n, unit):
     return f"{n} B"
 
 
+def _columns(total, unit):
+    """rich columns for one line: what, a bar when the size is known, the
+    count, the time so far."""
+    columns = [
+        rich_progress.TextColumn("keras-vllm: {task.description}", markup=False)
+    ]
+    if total:
+        columns.append(rich_progress.BarColumn(bar_width=_BAR_WIDTH))
+    if unit == "bytes":
+        columns.append(rich_progress.DownloadColumn(binary_units=True))
+    elif total:
+        columns.append(rich_progress.MofNCompleteColumn())
+    elif unit:
+        columns.append(rich_progress.TextColumn("{task.completed:,.0f}"))
+    if unit and unit != "bytes":
+        columns.append(rich_progress.TextColumn(unit, markup=False))
+    columns.append(rich_progress.TimeElapsedColumn())
+    return columns
+
+
 class Phase:
     """One phase of a long operation; see `phase()`."""
 
@@ -114,53 +138,43 @@ class Phase:
         self._stream = stream
         self._start = time.monotonic()
         self._drawn = 0.0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._clock = None
+        self._bar = None
+        self._task = None
 
     def advance(self, n=1):
         """Counts `n` more units done."""
         self.count += n
-        if self._mode == "bar":
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.count)
+            # rich redraws on its own clock; a phase that advances often
+            # is redrawn sooner, at most every `_REDRAW_SECONDS`.
             now = time.monotonic()
             if now - self._drawn >= _REDRAW_SECONDS:
-                self._draw(now)
-
-    def _progress_text(self):
-        if not self.total:
-            return _size(self.count, self.unit) if self.count else ""
-        done = min(self.count / self.total, 1.0)
-        filled = int(done * _BAR_WIDTH)
-        bar = "#" * filled + "-" * (_BAR_WIDTH - filled)
-        return (
-            f"[{bar}] {_size(self.count, self.unit)}/"
-            f"{_size(self.total, self.unit)}"
-        )
-
-    def _draw(self, now):
-        elapsed = now - self._start
-        parts = [f"keras-vllm: {self.description}", self._progress_text()]
-        if self.unit and self.unit != "bytes" and self.total:
-            parts[-1] += f" {self.unit}"
-        parts.append(f"{elapsed:.0f}s")
-        with self._lock:
-            self._drawn = now
-            self._stream.write("\r\x1b[K" + "  ".join(p for p in parts if p))
-            self._stream.flush()
-
-    def _tick(self):
-        while not self._stop.wait(_CLOCK_SECONDS):
-            self._draw(time.monotonic())
+                self._drawn = now
+                self._bar.refresh()
 
     def _open(self):
         if self._mode != "bar":
             return
-        self._draw(time.monotonic())
-        if not self.total:
-            # Nothing advances an open-ended phase (an engine starting in
-            # another process): a clock shows it is alive.
-            self._clock = threading.Thread(target=self._tick, daemon=True)
-            self._clock.start()
+        console = rich_console.Console(
+            file=self._stream, force_terminal=True, highlight=False
+        )
+        # Transient: the live line is erased and replaced by the summary, so
+        # each phase leaves one line on a terminal that vLLM's processes may
+        # share. The clock keeps open-ended phases visibly alive.
+        self._bar = rich_progress.Progress(
+            *_columns(self.total, self.unit),
+            console=console,
+            transient=True,
+            refresh_per_second=1 / _CLOCK_SECONDS,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._task = self._bar.add_task(
+            self.description, total=self.total or None
+        )
+        self._bar.start()
+        self._drawn = time.monotonic()
 
     def summary(self, failed=False):
         elapsed = time.monotonic() - self._start
@@ -172,17 +186,14 @@ class Phase:
         return f"keras-vllm: {self.description}: {state} {elapsed:.1f}s{done}"
 
     def _close(self, failed):
-        if self._clock is not None:
-            self._stop.set()
-            self._clock.join()
+        if self._bar is not None:
+            self._bar.stop()
         line = self.summary(failed)
         if self._mode == "log":
             logger.info(line)
             return
-        with self._lock:
-            prefix = "\r\x1b[K" if self._mode == "bar" else ""
-            self._stream.write(prefix + line + "\n")
-            self._stream.flush()
+        self._stream.write(line + "\n")
+        self._stream.flush()
 
 
 @contextlib.contextmanager

@@ -117,6 +117,19 @@ def greedy_by_forward_pass(
     return result
 
 
+def greedy_by(name):
+    """The greedy reference a manifest's `golden_reference` names.
+
+    Args:
+        name: `"generate"` (`greedy_continuation`) or `"forward_pass"`
+            (`greedy_by_forward_pass`).
+    """
+    return {
+        "generate": greedy_continuation,
+        "forward_pass": greedy_by_forward_pass,
+    }[name]
+
+
 def teacher_forced_logprobs(causal_lm, token_ids):
     """Log-probabilities of each next token from one full forward pass.
 

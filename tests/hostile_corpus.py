@@ -21,7 +21,7 @@ import os
 import shutil
 import sys
 
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.errors import PresetUnavailableError
@@ -48,12 +48,12 @@ def case(error, message):
 
 
 def _manifest(d):
-    with open(os.path.join(d, artifact.MANIFEST_FILE), encoding="utf-8") as f:
+    with open(os.path.join(d, fmt.MANIFEST_FILE), encoding="utf-8") as f:
         return json.load(f)
 
 
 def _write_manifest(d, manifest):
-    artifact.write_json(os.path.join(d, artifact.MANIFEST_FILE), manifest)
+    fmt.write_json(os.path.join(d, fmt.MANIFEST_FILE), manifest)
 
 
 def _edit(d, fn):
@@ -70,10 +70,10 @@ def _rehash(d, manifest=None):
         for name in files:
             full = os.path.join(root, name)
             rel = os.path.relpath(full, d).replace(os.sep, "/")
-            if rel == artifact.MANIFEST_FILE or os.path.islink(full):
+            if rel == fmt.MANIFEST_FILE or os.path.islink(full):
                 continue
             table[rel] = {
-                "sha256": artifact.sha256_file(full),
+                "sha256": fmt.sha256_file(full),
                 "bytes": os.path.getsize(full),
             }
     manifest["files"] = table
@@ -85,14 +85,14 @@ def _edit_json(d, rel, fn, rehash=True):
     with open(path, encoding="utf-8") as f:
         value = json.load(f)
     result = fn(value)
-    artifact.write_json(path, value if result is None else result)
+    fmt.write_json(path, value if result is None else result)
     if rehash:
         _rehash(d)
 
 
 def _largest_weight_file(d):
     best = None
-    for root, _, files in os.walk(os.path.join(d, artifact.WEIGHTS_DIR)):
+    for root, _, files in os.walk(os.path.join(d, fmt.WEIGHTS_DIR)):
         for name in files:
             full = os.path.join(root, name)
             if best is None or os.path.getsize(full) > os.path.getsize(best):
@@ -116,7 +116,7 @@ def _truncate(path):
 
 
 def _asset(d):
-    return os.path.join(d, artifact.TOKENIZER_ASSETS_DIR, "vocabulary.spm")
+    return os.path.join(d, fmt.TOKENIZER_ASSETS_DIR, "vocabulary.spm")
 
 
 def _first_var(m):
@@ -129,7 +129,7 @@ def _fingerprint(m):
     for name in sorted(m["tokenizer"]["assets"]):
         digest.update(name.encode())
         digest.update(
-            files[f"{artifact.TOKENIZER_ASSETS_DIR}/{name}"]["sha256"].encode()
+            files[f"{fmt.TOKENIZER_ASSETS_DIR}/{name}"]["sha256"].encode()
         )
     digest.update(json.dumps(m["tokenizer"]["config"], sort_keys=True).encode())
     return digest.hexdigest()
@@ -147,11 +147,11 @@ def _set_backbone(d, **values):
         "num_layers": "num_hidden_layers",
     }
     config = {names[k]: v for k, v in values.items() if k in names}
-    _edit_json(d, artifact.CONFIG_FILE, lambda c: c.update(config))
+    _edit_json(d, fmt.CONFIG_FILE, lambda c: c.update(config))
 
 
 def _raw_manifest(d, transform):
-    path = os.path.join(d, artifact.MANIFEST_FILE)
+    path = os.path.join(d, fmt.MANIFEST_FILE)
     with open(path, "rb") as f:
         data = f.read()
     with open(path, "wb") as f:
@@ -185,7 +185,7 @@ def truncated_weights(d, ctx):
 
 @case(ArtifactError, r"manifest\.json is not valid JSON")
 def truncated_manifest(d, ctx):
-    _truncate(os.path.join(d, artifact.MANIFEST_FILE))
+    _truncate(os.path.join(d, fmt.MANIFEST_FILE))
 
 
 @case(IntegrityError, r"tokenizer/assets/vocabulary\.spm.*bytes")
@@ -195,18 +195,18 @@ def truncated_tokenizer_asset(d, ctx):
 
 @case(IntegrityError, r"'config\.json' has 0 bytes")
 def emptied_config_json(d, ctx):
-    open(os.path.join(d, artifact.CONFIG_FILE), "w").close()
+    open(os.path.join(d, fmt.CONFIG_FILE), "w").close()
 
 
 @case(ArtifactError, r"weights/_METADATA is not valid JSON")
 def truncated_orbax_metadata_rehashed(d, ctx):
-    _truncate(os.path.join(d, artifact.WEIGHTS_DIR, "_METADATA"))
+    _truncate(os.path.join(d, fmt.WEIGHTS_DIR, "_METADATA"))
     _rehash(d)
 
 
 @case(ArtifactError, r"golden\.json is not valid JSON")
 def truncated_golden_rehashed(d, ctx):
-    _truncate(os.path.join(d, artifact.GOLDEN_FILE))
+    _truncate(os.path.join(d, fmt.GOLDEN_FILE))
     _rehash(d)
 
 
@@ -227,12 +227,12 @@ def bitflip_tokenizer_asset(d, ctx):
 
 @case(IntegrityError, r"'golden\.json' does not match its SHA-256")
 def bitflip_golden(d, ctx):
-    _flip(os.path.join(d, artifact.GOLDEN_FILE), 5)
+    _flip(os.path.join(d, fmt.GOLDEN_FILE), 5)
 
 
 @case(IntegrityError, r"'weights/manifest\.ocdbt' does not match")
 def bitflip_orbax_manifest(d, ctx):
-    _flip(os.path.join(d, artifact.WEIGHTS_DIR, "manifest.ocdbt"))
+    _flip(os.path.join(d, fmt.WEIGHTS_DIR, "manifest.ocdbt"))
 
 
 @case(ArtifactError, r"'dtype' is 'floau32'")
@@ -246,7 +246,7 @@ def bitflip_manifest_dtype(d, ctx):
 @case(IntegrityError, r"does not match its SHA-256")
 def bitflip_manifest_checksum(d, ctx):
     def fn(m):
-        entry = m["files"][artifact.GENERATION_CONFIG_FILE]
+        entry = m["files"][fmt.GENERATION_CONFIG_FILE]
         digest = entry["sha256"]
         entry["sha256"] = ("1" if digest[0] == "0" else "0") + digest[1:]
 
@@ -316,7 +316,7 @@ def symlink_asset_out(d, ctx):
 
 @case(ArtifactError, r"'tokenizer/assets' is a symbolic link")
 def symlink_directory_out(d, ctx):
-    assets = os.path.join(d, artifact.TOKENIZER_ASSETS_DIR)
+    assets = os.path.join(d, fmt.TOKENIZER_ASSETS_DIR)
     outside = os.path.join(ctx["scratch"], "outside_assets")
     shutil.copytree(assets, outside)
     shutil.rmtree(assets)
@@ -325,7 +325,7 @@ def symlink_directory_out(d, ctx):
 
 @case(ArtifactError, r"'weights' is a symbolic link")
 def symlink_weights_dir_out(d, ctx):
-    weights = os.path.join(d, artifact.WEIGHTS_DIR)
+    weights = os.path.join(d, fmt.WEIGHTS_DIR)
     outside = os.path.join(ctx["scratch"], "outside_weights")
     shutil.copytree(weights, outside)
     shutil.rmtree(weights)
@@ -334,7 +334,7 @@ def symlink_weights_dir_out(d, ctx):
 
 @case(ArtifactError, r"manifest\.json' is a symbolic link")
 def symlink_manifest(d, ctx):
-    path = os.path.join(d, artifact.MANIFEST_FILE)
+    path = os.path.join(d, fmt.MANIFEST_FILE)
     outside = os.path.join(ctx["scratch"], "outside_manifest.json")
     shutil.copy(path, outside)
     os.remove(path)
@@ -344,7 +344,7 @@ def symlink_manifest(d, ctx):
 @case(ArtifactError, r"'golden\.json' is not a regular file")
 def fifo_instead_of_file(d, ctx):
     # Reading a FIFO would hang: it must be refused without opening it.
-    path = os.path.join(d, artifact.GOLDEN_FILE)
+    path = os.path.join(d, fmt.GOLDEN_FILE)
     os.remove(path)
     os.mkfifo(path)
 
@@ -443,7 +443,7 @@ def dtype_type_confusion(d, ctx):
 
 @case(ArtifactError, r"'torch_dtype' is bfloat16 in config\.json but float32")
 def config_json_dtype_disagrees(d, ctx):
-    _edit_json(d, artifact.CONFIG_FILE, lambda c: c.update(torch_dtype="bfloat16"))
+    _edit_json(d, fmt.CONFIG_FILE, lambda c: c.update(torch_dtype="bfloat16"))
 
 
 @case(ArtifactError, r"'backbone\.config\.dtype' is a serialized Keras object")
@@ -478,18 +478,18 @@ def missing_tokenizer_asset(d, ctx):
 
 @case(ArtifactError, r"has no manifest\.json")
 def missing_manifest(d, ctx):
-    os.remove(os.path.join(d, artifact.MANIFEST_FILE))
+    os.remove(os.path.join(d, fmt.MANIFEST_FILE))
 
 
 @case(IntegrityError, r"'golden\.json' is missing from the manifest")
 def missing_golden_unlisted(d, ctx):
-    os.remove(os.path.join(d, artifact.GOLDEN_FILE))
+    os.remove(os.path.join(d, fmt.GOLDEN_FILE))
     _rehash(d)
 
 
 @case(IntegrityError, r"'config\.json' is missing from the manifest")
 def missing_config_json_unlisted(d, ctx):
-    os.remove(os.path.join(d, artifact.CONFIG_FILE))
+    os.remove(os.path.join(d, fmt.CONFIG_FILE))
     _rehash(d)
 
 
@@ -510,7 +510,7 @@ def extra_file_listed(d, ctx):
 def extra_pickle_in_weights(d, ctx):
     import pickle
 
-    with open(os.path.join(d, artifact.WEIGHTS_DIR, "evil.pkl"), "wb") as f:
+    with open(os.path.join(d, fmt.WEIGHTS_DIR, "evil.pkl"), "wb") as f:
         pickle.dump({"a": 1}, f)
     _rehash(d)
 
@@ -524,7 +524,7 @@ def extra_manifest_field(d, ctx):
 def config_json_auto_map(d, ctx):
     _edit_json(
         d,
-        artifact.CONFIG_FILE,
+        fmt.CONFIG_FILE,
         lambda c: c.update(auto_map={"AutoModel": "evil.EvilModel"}),
     )
 
@@ -533,7 +533,7 @@ def config_json_auto_map(d, ctx):
 def config_json_quantization(d, ctx):
     _edit_json(
         d,
-        artifact.CONFIG_FILE,
+        fmt.CONFIG_FILE,
         lambda c: c.update(quantization_config={"quant_method": "fp8"}),
     )
 
@@ -627,12 +627,12 @@ def huge_list(d, ctx):
 
 @case(ArtifactError, r"sha256 is not a hex SHA-256")
 def sha_not_hex(d, ctx):
-    _edit(d, lambda m: m["files"][artifact.GOLDEN_FILE].update(sha256="z" * 64))
+    _edit(d, lambda m: m["files"][fmt.GOLDEN_FILE].update(sha256="z" * 64))
 
 
 @case(ArtifactError, r"bytes is negative")
 def negative_file_size(d, ctx):
-    _edit(d, lambda m: m["files"][artifact.GOLDEN_FILE].update(bytes=-1))
+    _edit(d, lambda m: m["files"][fmt.GOLDEN_FILE].update(bytes=-1))
 
 
 @case(ArtifactError, r"'tokenizer\.golden' must be a list")
@@ -685,7 +685,7 @@ def swapped_tokenizer_class(d, ctx):
             module="keras_hub.src.models.gpt2.gpt2_tokenizer",
         )
 
-    _edit_json(d, artifact.TOKENIZER_CONFIG_FILE, fn, rehash=False)
+    _edit_json(d, fmt.TOKENIZER_CONFIG_FILE, fn, rehash=False)
     m = _manifest(d)
     fn(m["tokenizer"])
     _write_manifest(d, m)
@@ -699,23 +699,23 @@ def swapped_tokenizer_class(d, ctx):
 
 @case(ArtifactError, r"'hidden_size' is 128 in config\.json but 64")
 def config_json_hidden_disagrees(d, ctx):
-    _edit_json(d, artifact.CONFIG_FILE, lambda c: c.update(hidden_size=128))
+    _edit_json(d, fmt.CONFIG_FILE, lambda c: c.update(hidden_size=128))
 
 
 @case(ArtifactError, r"'num_hidden_layers' is 3 in config\.json but 2")
 def config_json_layers_disagree(d, ctx):
-    _edit_json(d, artifact.CONFIG_FILE, lambda c: c.update(num_hidden_layers=3))
+    _edit_json(d, fmt.CONFIG_FILE, lambda c: c.update(num_hidden_layers=3))
 
 
 @case(ArtifactError, r"'vocab_size' is 100000 in config\.json")
 def config_json_vocab_disagrees(d, ctx):
-    _edit_json(d, artifact.CONFIG_FILE, lambda c: c.update(vocab_size=100000))
+    _edit_json(d, fmt.CONFIG_FILE, lambda c: c.update(vocab_size=100000))
 
 
 @case(ArtifactError, r"'max_position_embeddings' is 1000000 in config\.json")
 def config_json_positions_disagree(d, ctx):
     _edit_json(
-        d, artifact.CONFIG_FILE, lambda c: c.update(max_position_embeddings=1000000)
+        d, fmt.CONFIG_FILE, lambda c: c.update(max_position_embeddings=1000000)
     )
 
 
@@ -723,7 +723,7 @@ def config_json_positions_disagree(d, ctx):
 def tokenizer_config_disagrees(d, ctx):
     _edit_json(
         d,
-        artifact.TOKENIZER_CONFIG_FILE,
+        fmt.TOKENIZER_CONFIG_FILE,
         lambda t: t["config"].update(add_bos=True),
     )
 
@@ -740,45 +740,45 @@ def manifest_drops_variable(d, ctx):
 @case(ArtifactError, r"'stop_token_ids' is 999999, not a token id")
 def stop_id_beyond_vocabulary(d, ctx):
     _edit(d, lambda m: m.update(stop_token_ids=[999999]))
-    _edit_json(d, artifact.CONFIG_FILE, lambda c: c.update(eos_token_id=[999999]))
+    _edit_json(d, fmt.CONFIG_FILE, lambda c: c.update(eos_token_id=[999999]))
 
 
 @case(ArtifactError, r"golden\.json must be an object with 'max_new_tokens'")
 def golden_malformed(d, ctx):
-    _edit_json(d, artifact.GOLDEN_FILE, lambda g: {"outputs": "x"})
+    _edit_json(d, fmt.GOLDEN_FILE, lambda g: {"outputs": "x"})
 
 
 @case(ArtifactError, r"golden\.json: 'output_ids' is a, not a token id")
 def golden_ids_strings(d, ctx):
     _edit_json(
-        d, artifact.GOLDEN_FILE, lambda g: g["outputs"][0].update(output_ids=["a"])
+        d, fmt.GOLDEN_FILE, lambda g: g["outputs"][0].update(output_ids=["a"])
     )
 
 
 @case(ArtifactError, r"generation_config\.json: 'temperature' has the wrong type")
 def generation_config_type(d, ctx):
     _edit_json(
-        d, artifact.GENERATION_CONFIG_FILE, lambda g: g.update(temperature="hot")
+        d, fmt.GENERATION_CONFIG_FILE, lambda g: g.update(temperature="hot")
     )
 
 
 @case(ArtifactError, r"'top_p' is 5")
 def generation_config_range(d, ctx):
-    _edit_json(d, artifact.GENERATION_CONFIG_FILE, lambda g: g.update(top_p=5))
+    _edit_json(d, fmt.GENERATION_CONFIG_FILE, lambda g: g.update(top_p=5))
 
 
 @case(ArtifactError, r"generation_config\.json has the field 'logits_processors'")
 def generation_config_extra(d, ctx):
     _edit_json(
         d,
-        artifact.GENERATION_CONFIG_FILE,
+        fmt.GENERATION_CONFIG_FILE,
         lambda g: g.update(logits_processors=["evil.Processor"]),
     )
 
 
 @case(ArtifactError, r"chat_template\.jinja is not UTF-8")
 def chat_template_binary(d, ctx):
-    with open(os.path.join(d, artifact.CHAT_TEMPLATE_FILE), "wb") as f:
+    with open(os.path.join(d, fmt.CHAT_TEMPLATE_FILE), "wb") as f:
         f.write(b"\xff\xfe{{ evil }}")
     _rehash(d)
 

@@ -1,14 +1,18 @@
 """The shared ALiBi paged attention equals dense ALiBi attention.
 
 `keras_vllm.layers.alibi_attention` serves families whose attention adds an
-ALiBi bias (tpu-inference's kernels have none). These tests run it, jitted,
-on random ragged batches in tpu-inference's cache layouts (decodes, a
-prefill and a chunked-prefill continuation, random page tables, padding
-tokens, GQA, head dims 16/64/80) and compare it with a dense, per-sequence
-NumPy reference built from the sequences' whole K/V, and the updated cache
-with the RPA reference kernel's. The slopes must also be KerasHub's own.
+ALiBi bias (tpu-inference's kernels have none) through the pure-JAX
+`keras_vllm.kernels.ragged_paged_attention` with `alibi_slopes`. These tests
+run it, jitted, on random ragged batches in tpu-inference's cache layouts
+(decodes, a prefill and a chunked-prefill continuation, random page tables,
+padding tokens, GQA, head dims 16/64/80) and compare it with a dense,
+per-sequence NumPy reference built from the sequences' whole K/V, and the
+updated cache with the RPA reference kernel's. The kernel's ALiBi, sliding
+window and soft cap options are also checked against that reference, alone
+and together. The slopes must also be KerasHub's own.
 """
 
+import functools
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -26,6 +30,7 @@ from tpu_inference.kernels.ragged_paged_attention.v3 import \
 from tpu_inference.kernels.ragged_paged_attention.v3 import \
     kernel_hd64 as rpa_hd64  # noqa: E402
 
+from keras_vllm import kernels  # noqa: E402
 from keras_vllm.layers import alibi_attention  # noqa: E402
 
 PAGE_SIZE = 8
@@ -90,7 +95,9 @@ def _batch(rng, hq, hkv, head_dim, pad_tokens=5):
     return args, hist_k, hist_v, total
 
 
-def _dense_alibi(args, hist_k, hist_v, slopes, sm_scale):
+def _dense_alibi(args, hist_k, hist_v, slopes, sm_scale, window=None,
+                 soft_cap=None):
+    """Dense attention per sequence; `slopes=None` means no ALiBi bias."""
     queries, cu_q_lens = args[0], args[6]
     hq = queries.shape[1]
     out = np.zeros_like(queries)
@@ -102,8 +109,14 @@ def _dense_alibi(args, hist_k, hist_v, slopes, sm_scale):
         q_pos = np.arange(kv_len - q_len, kv_len)
         k_pos = np.arange(kv_len)
         s = np.einsum("qhd,khd->hqk", q, k) * sm_scale
-        s = s + slopes[:, None, None] * (k_pos[None, :] - q_pos[:, None])
-        s = np.where(k_pos[None, :] <= q_pos[:, None], s, -np.inf)
+        if soft_cap is not None:
+            s = soft_cap * np.tanh(s / soft_cap)
+        if slopes is not None:
+            s = s + slopes[:, None, None] * (k_pos[None, :] - q_pos[:, None])
+        visible = k_pos[None, :] <= q_pos[:, None]
+        if window is not None:
+            visible &= q_pos[:, None] - k_pos[None, :] < window
+        s = np.where(visible, s, -np.inf)
         p = np.exp(s - s.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         out[cu_q_lens[i]:cu_q_lens[i + 1]] = np.einsum("hqk,khd->qhd", p, v)
@@ -161,10 +174,44 @@ def test_loops_over_live_tokens_only():
     args, _, _, _ = _batch(rng, 4, 4, 16)
     slopes = jnp.ones((4, ), jnp.float32)
     hlo = jax.jit(
-        lambda *a: alibi_attention.ragged_alibi_attention(
-            *a, sm_scale=0.25)).lower(*(jnp.asarray(x) for x in args),
-                                      slopes).as_text()
+        lambda *a: kernels.ragged_paged_attention(
+            *a, sm_scale=0.25, alibi_slopes=slopes)).lower(
+                *(jnp.asarray(x) for x in args)).as_text()
     assert hlo.count("stablehlo.while") >= 3
+
+
+@pytest.mark.parametrize("head_dim,alibi,window,soft_cap", [
+    (16, False, 5, None),
+    (16, False, None, 3.0),
+    (16, True, 5, None),
+    (16, True, None, 3.0),
+    (16, True, 9, 3.0),
+    (64, True, 9, 3.0),
+])
+def test_kernel_options_match_dense(head_dim, alibi, window, soft_cap):
+    # The one kernel's options, alone and together, on the same ragged batch
+    # (windows cross page boundaries; cap 3.0 is tight enough
+    # to change the result).
+    hq, hkv = 4, 2
+    rng = np.random.default_rng(head_dim)
+    args, hist_k, hist_v, total = _batch(rng, hq, hkv, head_dim)
+    slopes = (np.asarray(alibi_attention.alibi_slopes(hq), np.float32)
+              if alibi else None)
+    sm_scale = head_dim**-0.5
+    want = _dense_alibi(args, hist_k, hist_v, slopes, sm_scale,
+                        window=window, soft_cap=soft_cap)
+    kernel = jax.jit(functools.partial(
+        kernels.ragged_paged_attention, sm_scale=sm_scale,
+        sliding_window=window, soft_cap=soft_cap, hd64=head_dim == 64))
+    out, _ = kernel(*(jnp.asarray(a, jnp.float32) for a in args[:4]),
+                    *args[4:], alibi_slopes=slopes)
+    np.testing.assert_allclose(out[:total], want[:total], rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_array_equal(out[total:], 0.0)
+    # Each option changes the result (the reference would not notice an
+    # option the kernel ignores if the option had no effect).
+    plain = _dense_alibi(args, hist_k, hist_v, None, sm_scale)
+    assert not np.allclose(want[:total], plain[:total], atol=1e-3)
 
 
 @pytest.mark.parametrize("num_heads", [1, 4, 6, 12, 16])

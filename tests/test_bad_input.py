@@ -11,7 +11,7 @@ import types
 import pytest
 
 import keras_vllm
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 from keras_vllm import testing
 
 
@@ -175,8 +175,8 @@ def test_unwritable_directory_permission_check(causal_lm, tmp_path, monkeypatch)
 def test_incomplete_artifact_without_manifest(good, tmp_path):
     copy = str(tmp_path / "incomplete")
     shutil.copytree(good, copy)
-    os.remove(os.path.join(copy, artifact.MANIFEST_FILE))
-    for load in (keras_vllm.load_causal_lm, artifact.open_artifact):
+    os.remove(os.path.join(copy, fmt.MANIFEST_FILE))
+    for load in (keras_vllm.load_causal_lm, fmt.open_artifact):
         with pytest.raises(keras_vllm.ArtifactError, match="export did not finish"):
             load(copy)
 
@@ -187,7 +187,7 @@ def test_not_a_directory(tmp_path):
 
 
 def test_flipped_byte_in_every_file_is_detected(good, tmp_path):
-    manifest = artifact.open_artifact(good)
+    manifest = fmt.open_artifact(good).manifest
     names = sorted(manifest["files"])
     assert any(n.startswith("weights/") for n in names)
     assert any(n.startswith("tokenizer/assets/") for n in names)
@@ -204,7 +204,7 @@ def test_flipped_byte_in_every_file_is_detected(good, tmp_path):
             f.seek(size // 2)
             f.write(bytes([byte[0] ^ 0x80]))
         with pytest.raises(keras_vllm.IntegrityError) as info:
-            artifact.open_artifact(copy)
+            fmt.open_artifact(copy).manifest
         assert f"'{rel}'" in str(info.value)
         assert "SHA-256" in str(info.value)
         detected.append(rel)
@@ -220,7 +220,7 @@ def test_flipped_byte_in_every_file_is_detected(good, tmp_path):
 def test_max_model_len_beyond_positions(good, no_vllm):
     from keras_vllm.engine import KerasVllmEngine
 
-    manifest = artifact.open_artifact(good)
+    manifest = fmt.open_artifact(good).manifest
     positions = manifest["max_sequence_length"]
     with pytest.raises(
         keras_vllm.ServingError, match=f"exceeds the {positions} positions"
@@ -246,7 +246,7 @@ def test_delta_artifact_with_unavailable_preset(causal_lm, tmp_path, no_vllm):
     variable = model.backbone.weights[0]
     variable.assign(variable.value * 2.0)
     path = _export(model, tmp_path / "delta")
-    assert artifact.open_artifact(path)["weights"]["mode"] == "delta"
+    assert fmt.open_artifact(path).manifest["weights"]["mode"] == "delta"
     moved = str(tmp_path / "moved_preset")
     os.rename(preset, moved)
     try:

@@ -15,7 +15,7 @@ import requests
 
 from conftest import trained
 from http_server import running_server
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 from keras_vllm import testing
 
 CLI = [os.path.join(os.path.dirname(sys.executable), "keras-vllm")]
@@ -73,7 +73,7 @@ def test_serve_answers_with_the_artifact_defaults_quietly(
     with running_server(
         CLI + ["serve", exported], log_path, timeout=600
     ) as url:
-        golden = artifact.read_json(os.path.join(exported, "golden.json"))
+        golden = fmt.read_json(os.path.join(exported, "golden.json"))
         for record in golden["outputs"][:3]:
             # No sampling parameters: the artifact's greedy sampler and
             # stop tokens apply.

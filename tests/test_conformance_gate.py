@@ -6,13 +6,14 @@ import pytest
 import keras_vllm
 from conftest import trained
 from keras_vllm.layers import registry
+from keras_vllm.layers import swap
 
 
 @pytest.fixture
 def without_llama_attention(monkeypatch):
     from keras_hub.src.models.llama.llama_attention import LlamaAttention
 
-    registry.registered_classes()  # import every family first
+    swap.registered_classes()  # every family is registered
     monkeypatch.delitem(registry._PAGED_CLASSES, LlamaAttention)
 
 
@@ -28,7 +29,9 @@ def test_keras_only_export_is_possible_but_not_servable(
     path = trained("llama").export_vllm(
         tmp_path / "a", allow_unservable=True, golden_prompts=["a"]
     )
-    manifest = keras_vllm.artifact.open_artifact(path)
+    from keras_vllm import format as fmt
+
+    manifest = fmt.open_artifact(path).manifest
     assert manifest["servable"] is False
     assert "LlamaAttention" in manifest["unservable_reason"]
     assert keras_vllm.load_causal_lm(path) is not None
@@ -45,7 +48,7 @@ def test_load_refuses_unsupported_attention(tmp_path, monkeypatch):
     monkeypatch.delitem(registry._PAGED_CLASSES, LlamaAttention)
     backbone = keras_vllm.load_causal_lm(path).backbone
     with pytest.raises(keras_vllm.UnsupportedModelError, match="LlamaAttention"):
-        registry.swap_in_paged_layers(backbone)
+        swap.swap_in_paged_layers(backbone)
 
 
 def test_readme_table_is_generated_from_the_registry():
@@ -54,4 +57,4 @@ def test_readme_table_is_generated_from_the_registry():
     readme = os.path.join(os.path.dirname(__file__), "..", "README.md")
     with open(readme, encoding="utf-8") as f:
         text = f.read()
-    assert registry.supported_families_table() in text
+    assert swap.supported_families_table() in text

@@ -1,7 +1,9 @@
 """The CPU ragged paged attention equals tpu-inference's reference kernels.
 
-`keras_vllm.cpu.ragged_paged_attention` replaces tpu-inference 0.32.0's RPA v3
-Pallas kernels on JAX CPU devices. These tests compare it with the package's
+`keras_vllm.cpu.ragged_paged_attention` (tpu-inference's kernel signatures over
+the pure-JAX `keras_vllm.kernels.ragged_paged_attention`) replaces
+tpu-inference 0.32.0's RPA v3 Pallas kernels on JAX CPU devices. These tests
+compare it with the package's
 own (eager, non-jittable) references `ref_ragged_paged_attention` and
 `ref_ragged_paged_attention_hd64` on random ragged batches: decode-only,
 prefill and mixed sequences, random page tables, GQA, head dims 16/32/64/128,
@@ -28,6 +30,7 @@ from tpu_inference.kernels.ragged_paged_attention.v3 import \
 from tpu_inference.kernels.ragged_paged_attention.v3 import \
     kernel_hd64 as rpa_hd64  # noqa: E402
 
+from keras_vllm import kernels  # noqa: E402
 from keras_vllm.cpu import ragged_paged_attention as cpu_rpa  # noqa: E402
 
 PAGE_SIZE = 8
@@ -135,8 +138,20 @@ def test_trip_counts_are_data_dependent():
     # does not gather every token's whole context.
     rng = np.random.default_rng(0)
     args, _ = _make_batch(rng, BATCHES["mixed"], 4, 2, 32)
-    hlo = jax.jit(cpu_rpa.ragged_paged_attention).lower(*args).as_text()
+    hlo = jax.jit(kernels.ragged_paged_attention).lower(*args).as_text()
     assert hlo.count("stablehlo.while") >= 3
+
+
+def test_tpu_tuning_knobs_are_ignored():
+    # tpu-inference passes Pallas block sizes and vmem limits by keyword; the
+    # adapter must accept them and give the same result as without them.
+    rng = np.random.default_rng(4)
+    args, total = _make_batch(rng, BATCHES["decode"], 4, 2, 32)
+    want, _ = cpu_rpa.ragged_paged_attention(*args, sm_scale=0.3)
+    got, _ = cpu_rpa.ragged_paged_attention(
+        *args, sm_scale=0.3, mask_value=-1e9, chunk_prefill_size=256,
+        d_block_sizes=(8, 64, 8, 64), vmem_limit_bytes=1 << 20)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_attention_sink_hd64():

@@ -30,7 +30,7 @@ import time
 import pytest
 
 import keras_vllm
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 from keras_vllm import testing
 
 import functools
@@ -62,7 +62,7 @@ FRESH_KILL_POINTS = ["weights_mid", "manifest_written"]
 _ZYGOTE = r"""
 import json, os, sys, signal, threading
 import keras_vllm  # imports keras/keras-hub; JAX is not started
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 from keras_vllm import weights as weight_io
 from keras_vllm.export import exporter, staging
 from keras_vllm.engine import _jax_started
@@ -107,12 +107,12 @@ def install(point):
         hook(weight_io, "save_weights", point, "after")
     elif point == "config_written":
         hook(artifact, "write_json", point, "after",
-             is_file(artifact.GENERATION_CONFIG_FILE))
+             is_file(fmt.GENERATION_CONFIG_FILE))
     elif point == "golden_running":
         hook(exporter, "_golden", point, "during")
     elif point == "manifest_written":
         hook(artifact, "write_json", point, "after",
-             is_file(artifact.MANIFEST_FILE))
+             is_file(fmt.MANIFEST_FILE))
     elif point == "fsync":
         hook(staging, "_fsync_tree", point)
     elif point == "before_publish":
@@ -261,7 +261,7 @@ def zygote():
 
 
 def _fingerprint(path):
-    manifest = artifact.open_artifact(path)  # checksums of every file
+    manifest = fmt.open_artifact(path).manifest  # checksums of every file
     return json.dumps(manifest["files"], sort_keys=True)
 
 
@@ -314,7 +314,7 @@ def test_sigkill_during_export_keeps_an_intact_artifact(zygote, preset, tmp_path
     status, lines = zygote.export(target, preset)
     assert status == 0, lines
     assert _staging_leftovers(str(tmp_path), target) == []
-    artifact.open_artifact(target)
+    fmt.open_artifact(target).manifest
 
 
 def test_sigkill_fresh_export_leaves_nothing(zygote, preset, tmp_path):

@@ -8,7 +8,7 @@ import keras_hub
 import pytest
 
 from conftest import trained
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 
 
 def _generation_config(causal_lm, sampler, path):
@@ -17,8 +17,8 @@ def _generation_config(causal_lm, sampler, path):
         exported = causal_lm.export_vllm(path, golden_prompts=["a"])
     finally:
         causal_lm.compile(sampler="greedy")
-    with open(os.path.join(exported, artifact.GENERATION_CONFIG_FILE)) as f:
-        return json.load(f), artifact.open_artifact(exported)
+    with open(os.path.join(exported, fmt.GENERATION_CONFIG_FILE)) as f:
+        return json.load(f), fmt.open_artifact(exported).manifest
 
 
 @pytest.mark.parametrize(

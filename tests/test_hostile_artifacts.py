@@ -15,7 +15,7 @@ import types
 import pytest
 
 import keras_vllm
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 from keras_vllm import testing
 
 import hostile_corpus
@@ -88,10 +88,9 @@ def _expect_refusal(fn, name, path, error):
 
 def test_good_artifact_loads(good_artifact):
     from keras_vllm.load import keras_loader
-    from keras_vllm.load import validate
-
-    manifest = artifact.open_artifact(good_artifact)
-    validate.validate_artifact(good_artifact, manifest)
+    
+    manifest = fmt.open_artifact(good_artifact).manifest
+    fmt.validate_artifact(good_artifact, manifest)
     keras_loader.preflight(good_artifact, manifest)
     keras_vllm.load_causal_lm(good_artifact)
 
@@ -132,12 +131,12 @@ def test_engine_checks_do_not_start_jax(good_artifact, corpus):
     script = f"""
 import sys, types
 import keras_vllm
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 from keras_vllm.engine import KerasVllmEngine, _jax_started, serving_defaults
-from keras_vllm.load import keras_loader, validate
+from keras_vllm.load import keras_loader
 path = {good_artifact!r}
-manifest = artifact.open_artifact(path)
-validate.validate_artifact(path, manifest)
+manifest = fmt.open_artifact(path).manifest
+fmt.validate_artifact(path, manifest)
 serving_defaults(path, manifest, {{}})
 keras_loader.preflight(path, manifest)
 try:

@@ -540,13 +540,13 @@ def test_from_pretrained_verifies_the_files_it_reads(art, tmp_path):
     weights each time is the engine's job (it verifies everything once)."""
     import shutil
 
-    from keras_vllm import artifact
+    from keras_vllm import format as fmt
     from keras_vllm.errors import IntegrityError
 
     def flipped(prefix):
         copy_path = tmp_path / prefix.replace("/", "_")
         shutil.copytree(art.path, copy_path)
-        manifest = artifact.read_manifest(copy_path)
+        manifest = fmt.read_manifest(copy_path)
         name = sorted(f for f in manifest["files"] if f.startswith(prefix))[0]
         with open(copy_path / name, "r+b") as f:
             byte = f.read(1)
@@ -554,8 +554,8 @@ def test_from_pretrained_verifies_the_files_it_reads(art, tmp_path):
             f.write(bytes([byte[0] ^ 1]))
         return str(copy_path), name
 
-    path, _ = flipped(artifact.WEIGHTS_DIR + "/")
+    path, _ = flipped(fmt.WEIGHTS_DIR + "/")
     assert KerasVllmTokenizer.from_pretrained(path).encode("the quick")
-    path, name = flipped(artifact.TOKENIZER_DIR + "/")
+    path, name = flipped(fmt.TOKENIZER_DIR + "/")
     with pytest.raises(IntegrityError, match=name):
         KerasVllmTokenizer.from_pretrained(path)

@@ -30,12 +30,12 @@ import multiprocessing
 import os
 import re
 
+from keras_vllm import envs
+
 logger = logging.getLogger("keras_vllm")
 _announced = False
 
-# `KERAS_VLLM_DEVICE` values.
-DEVICE_ENV = "KERAS_VLLM_DEVICE"
-_CPU, _TPU = "cpu", "tpu"
+_CPU = "cpu"
 
 # vLLM's class path of tpu-inference's platform (vllm-tpu 0.32.0).
 TPU_PLATFORM_CLASS = "tpu_inference.platforms.tpu_platform.TpuPlatform"
@@ -56,27 +56,22 @@ def is_cpu_host():
 
     Raises:
         ValueError: `KERAS_VLLM_DEVICE` is set to something other than
-            `cpu`, `tpu` or empty.
+            `cpu`, `tpu` or empty (see `keras_vllm/envs.py`).
     """
-    forced = os.environ.get(DEVICE_ENV, "").strip().lower()
-    if forced in (_CPU, _TPU):
+    forced = envs.device()
+    if forced is not None:
         return forced == _CPU
-    if forced:
-        raise ValueError(
-            f"{DEVICE_ENV}={os.environ[DEVICE_ENV]!r} is not valid; use "
-            f"'{_CPU}', '{_TPU}', or leave it unset to detect the device.")
 
-    jax_platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    jax_platforms = envs.jax_platforms()
     if jax_platforms == _CPU:
         return True
     if re.search(r"\b(tpu|proxy)\b", jax_platforms):
         return False
-    if os.environ.get("VLLM_TPU_USING_PATHWAYS", "").strip().lower() not in (
-            "", "0", "false"):
+    if envs.tpu_using_pathways():
         return False
     if _has_local_tpu():
         return False
-    if os.environ.get("TPU_ACCELERATOR_TYPE"):
+    if envs.tpu_accelerator_type():
         return False
     return True
 
@@ -116,8 +111,8 @@ def platform_class_path():
         return None
     # An empty JAX_PLATFORMS means "auto" to JAX, which would try libtpu
     # (installed with tpu-inference) first; treat it like unset.
-    if not os.environ.get("JAX_PLATFORMS"):
-        os.environ["JAX_PLATFORMS"] = _CPU
+    if not envs.jax_platforms():
+        envs.JAX_PLATFORMS.set(_CPU)
     # WARNING level: the line must be visible without logging configuration
     # (vLLM only configures its own "vllm" logger), and CPU serving is a
     # test/development mode, not a production one.
@@ -135,6 +130,6 @@ def platform_class_path():
     _announced = True
     logger.warning(
         "keras-vllm: no TPU found (or %s=cpu); serving with tpu-inference on "
-        "JAX CPU devices (JAX_PLATFORMS=%s).", DEVICE_ENV,
-        os.environ["JAX_PLATFORMS"])
+        "JAX CPU devices (JAX_PLATFORMS=%s).", envs.DEVICE.name,
+        envs.JAX_PLATFORMS.raw())
     return TPU_PLATFORM_CLASS

@@ -34,10 +34,10 @@ cannot ask JAX which devices exist when they are installed.
 
 import importlib.metadata
 import logging
-import os
 import sys
 import warnings
 
+from keras_vllm import envs
 from keras_vllm.cpu import detect
 from keras_vllm.cpu import ragged_paged_attention as cpu_rpa
 
@@ -45,14 +45,6 @@ logger = logging.getLogger("keras_vllm")
 
 # The versions whose private APIs these patches target.
 PINNED_VERSIONS = {"tpu-inference": "0.32.0", "vllm-tpu": "0.32.0"}
-
-# Fake HBM budget per CPU device, in GiB (vLLM sizes the KV cache from it:
-# gpu_memory_utilization x budget - memory in use).
-MEMORY_ENV = "KERAS_VLLM_CPU_MEMORY_GB"
-DEFAULT_MEMORY_GB = 4.0
-
-# "0" turns vLLM's async scheduling off on CPU (default: vLLM's choice).
-ASYNC_ENV = "KERAS_VLLM_CPU_ASYNC_SCHEDULING"
 
 _GIB = 1 << 30
 _applied = False
@@ -132,12 +124,13 @@ def disable_async_scheduling_if_cpu(vllm_config):
     scheduler_config = getattr(vllm_config, "scheduler_config", None)
     if scheduler_config is None or not detect.is_cpu_host():
         return
-    if os.environ.get(ASYNC_ENV, "1").strip().lower() not in ("0", "false"):
+    if envs.cpu_async_scheduling():
         return
     if scheduler_config.async_scheduling:
         scheduler_config.async_scheduling = False
         logger.warning(
-            "keras-vllm: async scheduling disabled on CPU (%s=0).", ASYNC_ENV)
+            "keras-vllm: async scheduling disabled on CPU (%s=0).",
+            envs.CPU_ASYNC_SCHEDULING.name)
 
 
 # ---------------------------------------------------------------------------
@@ -176,15 +169,9 @@ def _rebind(original, replacement, home_module, name):
 
 
 def _memory_budget_bytes():
-    try:
-        gib = float(os.environ.get(MEMORY_ENV, DEFAULT_MEMORY_GB))
-    except ValueError:
-        raise ValueError(
-            f"{MEMORY_ENV}={os.environ[MEMORY_ENV]!r} is not a number of GiB."
-        ) from None
-    if gib <= 0:
-        raise ValueError(f"{MEMORY_ENV} must be positive, got {gib}.")
-    return int(gib * _GIB)
+    # vLLM sizes the KV cache from this fake HBM budget per CPU device:
+    # gpu_memory_utilization x budget - memory in use.
+    return int(envs.cpu_memory_gb() * _GIB)
 
 
 def _live_bytes_per_device(devices):

@@ -1,14 +1,12 @@
 """`export_vllm()`: a fine-tuned KerasHub `CausalLM` -> an artifact on disk."""
 
-import datetime
-import hashlib
 import json
 import logging
 import os
 
 import numpy as np
 
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 from keras_vllm import classes
 from keras_vllm import presets
 from keras_vllm import progress
@@ -17,7 +15,7 @@ from keras_vllm import weights as weight_io
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.export import staging
-from keras_vllm.export import vllm_files
+from keras_vllm.export.kv_layout import kv_layout
 
 logger = logging.getLogger("keras_vllm")
 
@@ -35,7 +33,7 @@ def _versions():
     import keras
     import keras_hub
 
-    from keras_vllm import __version__
+    from keras_vllm.version import __version__
 
     return {
         "keras_vllm": __version__,
@@ -92,21 +90,28 @@ def _check_model(causal_lm):
 
 
 def _preset_handle(causal_lm, preset):
-    if preset is not None:
-        return str(preset)
-    for obj in (causal_lm, causal_lm.backbone):
-        handle = getattr(obj, "_keras_vllm_preset", None)
-        if handle:
-            return handle
-    return None
+    if preset is None:
+        for obj in (causal_lm, causal_lm.backbone):
+            preset = getattr(obj, "_keras_vllm_preset", None)
+            if preset:
+                break
+    if not preset:
+        return None
+    preset = os.fspath(preset)
+    # A local preset directory is recorded absolute, so the artifact loads
+    # from any working directory; hub handles (`kaggle://`, `hf://`, bare
+    # preset names) are kept as given.
+    if "://" not in preset and os.path.isdir(preset):
+        return os.path.abspath(preset)
+    return preset
 
 
 def _dtype_name(backbone):
     name = backbone.dtype_policy.variable_dtype
-    if name not in artifact.SUPPORTED_DTYPES:
+    if name not in fmt.SUPPORTED_DTYPES:
         raise UnsupportedModelError(
             f"Variables of dtype {name} are not supported (quantized or "
-            f"mixed maps); supported: {artifact.SUPPORTED_DTYPES}."
+            f"mixed maps); supported: {fmt.SUPPORTED_DTYPES}."
         )
     return name
 
@@ -145,20 +150,20 @@ def _delta_against_preset(backbone, weights, handle):
 
 
 def _tokenizer_section(tokenizer, directory):
-    assets = os.path.join(directory, artifact.TOKENIZER_ASSETS_DIR)
+    assets = os.path.join(directory, fmt.TOKENIZER_ASSETS_DIR)
     os.makedirs(assets)
     tokenizer.save_assets(assets)
     section = _serialize(tokenizer, "tokenizer")
-    artifact.write_json(
-        os.path.join(directory, artifact.TOKENIZER_CONFIG_FILE), section
+    fmt.write_json(
+        os.path.join(directory, fmt.TOKENIZER_CONFIG_FILE), section
     )
-    digest = hashlib.sha256()
-    for name in sorted(os.listdir(assets)):
-        digest.update(name.encode())
-        digest.update(
-            artifact.sha256_file(os.path.join(assets, name)).encode()
-        )
-    digest.update(json.dumps(section["config"], sort_keys=True).encode())
+    fingerprint = fmt.tokenizer_fingerprint(
+        {
+            name: fmt.sha256_file(os.path.join(assets, name))
+            for name in os.listdir(assets)
+        },
+        section["config"],
+    )
     probes = []
     for text in TOKENIZER_PROBES:
         ids = [int(i) for i in np.asarray(tokenizer.tokenize(text)).reshape(-1)]
@@ -167,7 +172,7 @@ def _tokenizer_section(tokenizer, directory):
         )
     section.update(
         {
-            "fingerprint": digest.hexdigest(),
+            "fingerprint": fingerprint,
             "golden": probes,
             "assets": sorted(os.listdir(assets)),
             "start_token_id": _maybe_int(tokenizer, "start_token_id"),
@@ -183,16 +188,22 @@ def _maybe_int(obj, attr):
     return None if value is None else int(value)
 
 
-def _golden(causal_lm, prompts, max_new_tokens, stop_token_ids):
+def _golden_reference(causal_lm, servable):
+    if not servable:
+        return "generate"
+    from keras_vllm.layers.swap import golden_reference
+
+    return golden_reference(causal_lm.backbone)
+
+
+def _golden(causal_lm, prompts, max_new_tokens, stop_token_ids, greedy):
     outputs = []
     with progress.phase(
         "recording golden outputs", total=len(prompts), unit="prompts"
     ) as phase:
         for text in prompts:
             ids = reference.prompt_token_ids(causal_lm, text)
-            new = reference.greedy_continuation(
-                causal_lm, ids, max_new_tokens, stop_token_ids
-            )
+            new = greedy(causal_lm, ids, max_new_tokens, stop_token_ids)
             outputs.append(
                 {"prompt": text, "prompt_ids": ids, "output_ids": new}
             )
@@ -284,7 +295,7 @@ def _export(
     golden_max_new_tokens, max_sequence_length, chat_template,
     allow_unservable,
 ):
-    if weights not in ("auto",) + artifact.WEIGHT_MODES:
+    if weights not in ("auto",) + fmt.WEIGHT_MODES:
         raise ExportError(
             f"weights='{weights}' is not one of 'auto', 'delta', 'full', "
             "'preset'."
@@ -311,8 +322,16 @@ def _export(
     # The conformance gate: fails before any file is written when an
     # attention layer has no paged subclass.
     try:
-        config = vllm_files.vllm_config(
-            backbone, dtype, max_len, stop_ids, tokenizer
+        config = fmt.vllm_files.vllm_config(
+            hidden_size=backbone.hidden_dim,
+            vocab_size=backbone.vocabulary_size,
+            max_sequence_length=max_len,
+            dtype=dtype,
+            tie_word_embeddings=getattr(backbone, "tie_word_embeddings", True),
+            stop_token_ids=stop_ids,
+            bos_token_id=getattr(tokenizer, "start_token_id", None),
+            pad_token_id=getattr(tokenizer, "pad_token_id", None),
+            kv_layout=kv_layout(backbone),
         )
         unservable = None
     except UnsupportedModelError as e:
@@ -322,6 +341,7 @@ def _export(
                 "`allow_unservable=True`."
             ) from None
         config, unservable = None, str(e)
+    golden_ref = _golden_reference(causal_lm, unservable is None)
 
     with progress.phase("collecting weights", unit="variables") as phase:
         all_weights = weight_io.backbone_weights(backbone)
@@ -355,51 +375,58 @@ def _export(
         if stored:
             with progress.phase("writing weights", unit="bytes") as phase:
                 weight_io.save_weights(
-                    os.path.join(tmp, artifact.WEIGHTS_DIR), stored
+                    os.path.join(tmp, fmt.WEIGHTS_DIR), stored
                 )
                 phase.advance(sum(v.nbytes for v in stored.values()))
         if config is not None:
-            artifact.write_json(
-                os.path.join(tmp, artifact.CONFIG_FILE), config
+            fmt.write_json(
+                os.path.join(tmp, fmt.CONFIG_FILE), config
             )
         sampler = sections["sampler"]
-        gen_config, sampler_mapped = vllm_files.generation_config(
-            sampler["registered_name"], sampler["config"], stop_ids, tokenizer
+        gen_config, sampler_mapped = fmt.vllm_files.generation_config(
+            sampler["registered_name"],
+            sampler["config"],
+            stop_ids,
+            getattr(tokenizer, "start_token_id", None),
         )
-        artifact.write_json(
-            os.path.join(tmp, artifact.GENERATION_CONFIG_FILE), gen_config
+        fmt.write_json(
+            os.path.join(tmp, fmt.GENERATION_CONFIG_FILE), gen_config
         )
         if chat_template is not None:
             if os.path.isfile(str(chat_template)):
                 with open(chat_template, encoding="utf-8") as f:
                     chat_template = f.read()
             with open(
-                os.path.join(tmp, artifact.CHAT_TEMPLATE_FILE),
+                os.path.join(tmp, fmt.CHAT_TEMPLATE_FILE),
                 "w",
                 encoding="utf-8",
             ) as f:
                 f.write(chat_template)
-        artifact.write_json(
-            os.path.join(tmp, artifact.GOLDEN_FILE),
-            _golden(causal_lm, golden_prompts, golden_max_new_tokens, stop_ids),
+        fmt.write_json(
+            os.path.join(tmp, fmt.GOLDEN_FILE),
+            _golden(
+                causal_lm,
+                golden_prompts,
+                golden_max_new_tokens,
+                stop_ids,
+                reference.greedy_by(golden_ref),
+            ),
         )
-        manifest = {
-            "format": artifact.FORMAT_NAME,
-            "format_version": list(artifact.FORMAT_VERSION),
-            "written_by": _versions(),
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "preset": preset_section,
-            "dtype": dtype,
-            "stop_token_ids": stop_ids,
-            "max_sequence_length": max_len,
-            "sampler_in_vllm": sampler_mapped,
-            "servable": unservable is None,
-            "unservable_reason": unservable,
-            "parameter_count": int(backbone.count_params()),
-            "weights": {
+        with progress.phase("writing checksums", unit="bytes") as phase:
+            files = fmt.file_table(tmp, on_bytes=phase.advance)
+        manifest = fmt.new_manifest(
+            written_by=_versions(),
+            preset=preset_section,
+            dtype=dtype,
+            stop_token_ids=stop_ids,
+            max_sequence_length=max_len,
+            sampler_in_vllm=sampler_mapped,
+            unservable_reason=unservable,
+            parameter_count=backbone.count_params(),
+            weights={
                 "mode": mode,
                 "format": "orbax",
-                "directory": artifact.WEIGHTS_DIR if stored else None,
+                "directory": fmt.WEIGHTS_DIR if stored else None,
                 "lora": "merged",
                 "variables": {
                     p: {
@@ -412,11 +439,10 @@ def _export(
                 "bytes": int(sum(v.nbytes for v in stored.values())),
                 "total_variables": len(all_weights),
             },
-            **sections,
-        }
-        with progress.phase("writing checksums", unit="bytes"):
-            manifest["files"] = artifact.file_table(tmp)
-        artifact.validate_manifest(manifest)
-        artifact.write_json(os.path.join(tmp, artifact.MANIFEST_FILE), manifest)
+            sections=sections,
+            files=files,
+            golden_reference=golden_ref,
+        )
+        fmt.write_json(os.path.join(tmp, fmt.MANIFEST_FILE), manifest)
     logger.info("keras-vllm: exported %s (%s weights)", target, mode)
     return target

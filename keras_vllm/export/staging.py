@@ -125,6 +125,7 @@ def staged_directory(target, overwrite=False):
         raise ExportError(f"Cannot create a staging directory: {e}.") from e
     try:
         yield staging
+        _apply_umask(staging)
         _fsync_tree(staging)
         publish(staging, target, overwrite)
     except OSError as e:
@@ -147,6 +148,37 @@ def staged_directory(target, overwrite=False):
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _current_umask():
+    # Linux reports the umask without changing it; os.umask() must set one
+    # to read it, which races with threads that create files meanwhile.
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+def _apply_umask(directory):
+    """Gives the artifact ordinary permissions (0755/0644 under umask 022).
+
+    `mkdtemp` creates the staging directory `0700`, and the mode survives
+    the rename; other users and service accounts of a serving host must be
+    able to read the artifact, as with any file this user writes.
+    """
+    umask = _current_umask()
+    os.chmod(directory, 0o777 & ~umask)
+    for root, dirs, files in os.walk(directory):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~umask)
 
 
 def publish(staging, target, overwrite):

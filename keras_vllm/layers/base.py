@@ -45,6 +45,10 @@ class PagedAttention:
     __slots__ = ()
     _is_paged_layer = True
     _owns_kv_cache = True
+    # What predicts this layer's served output in Keras: KerasHub's cached
+    # `generate()`, or "forward_pass" where a family's cached decoding is
+    # known to be wrong (export records golden outputs with it).
+    golden_reference = "generate"
 
     def kv_cache_spec(self):
         raise NotImplementedError

@@ -1,4 +1,7 @@
-"""Imports every family module so that each registers its paged subclasses."""
+"""The family table: every module of `keras_vllm/layers/` that serves a
+KerasHub family. Importing this imports each, and each registers its paged
+subclasses (`registry.register_paged`). Adding a family is adding its
+module here and its test."""
 
 from keras_vllm.layers import bloom  # noqa: F401
 from keras_vllm.layers import falcon  # noqa: F401

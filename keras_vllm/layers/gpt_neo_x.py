@@ -26,6 +26,9 @@ from keras_vllm.layers.registry import register_paged
 class PagedGPTNeoXAttention(GPTNeoXAttention, PagedAttention):
     """`GPTNeoXAttention` over vLLM's paged KV cache."""
 
+    # KerasHub's cached decoding rotates decode queries at position 0.
+    golden_reference = "forward_pass"
+
     def kv_cache_spec(self):
         return KVCacheSpec(
             num_query_heads=self.num_heads,

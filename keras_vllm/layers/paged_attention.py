@@ -9,8 +9,8 @@ attention`, pinned 0.32.0), the path tpu-inference's built-in JAX models use:
 * on TPU it runs the RPA v3 Pallas kernel (the head_dim == 64 variant for
   head_dim 64), sharded over the mesh's KV-head axis with `jax.shard_map`;
 * on JAX CPU devices `keras_vllm.cpu.apply_patches()` has replaced that
-  kernel with `keras_vllm.cpu.ragged_paged_attention`, and the same call runs
-  the pure-JAX implementation.
+  kernel with an adapter to `keras_vllm.kernels.ragged_paged_attention`, and
+  the same call runs the pure-JAX implementation.
 
 Nothing here depends on a model family.
 """
@@ -37,7 +37,7 @@ def paged_attention(
     Args:
         kv_cache: the layer's KV cache as tpu-inference allocated it
             (`[num_pages, page_size, rows // packing, packing, width]`; see
-            `keras_vllm.cpu.ragged_paged_attention` for the layouts).
+            `keras_vllm.kernels.kv_cache` for the layouts).
         query: `[T, Hq, D]` queries (positions already applied), with the
             model's real, unpadded head dim `D`.
         key: `[T, Hkv, D]` keys (positions already applied).

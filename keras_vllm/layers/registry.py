@@ -1,28 +1,19 @@
-"""Registry from KerasHub layer classes to their paged (vLLM) subclasses.
+"""The registry of paged (vLLM) subclasses: a leaf every family imports.
 
-Each family contributes one small module in `keras_vllm/layers/` that
-subclasses a KerasHub layer and registers it here with `@register_paged`.
-Generic code (the exporter, the loader, the model class) only asks this
-registry; it never names a model family.
+Each family module in `keras_vllm/layers/` subclasses a KerasHub layer and
+registers it here with `@register_paged`; `keras_vllm.layers.families`
+lists the family modules, and `keras_vllm.layers.swap` (what generic code
+calls) imports that list before asking this registry. Nothing here imports
+a family, so the arrows point one way: swap -> families -> each family ->
+registry.
 
 Two kinds of layers are registered:
 
 - attention layers (`PagedAttention` subclasses): they own one KV cache each
-  and call the shared `paged_attention()` function;
+  and attend through `PagedAttention.paged_attend`;
 - position-dependent layers (e.g. a learned position embedding): they read
   vLLM's token positions instead of assuming `0..T-1`.
-
-Swapping re-classes each layer instance in place (`layer.__class__ =
-paged_cls`): the paged subclass inherits the parent's sublayers and
-variables, so no weight is copied or converted.
 """
-
-import inspect
-
-import keras
-
-from keras_vllm.errors import UnsupportedModelError
-from keras_vllm.layers.base import KVCacheSpec  # noqa: F401  (re-exported)
 
 _PAGED_CLASSES = {}
 
@@ -38,7 +29,7 @@ def register_paged(base_cls):
 
     ```python
     @register_paged(keras_hub.src.models.llama.llama_attention.LlamaAttention)
-    class PagedLlamaAttention(LlamaAttention, PagedAttention):
+    class PagedLlamaAttention(LlamaAttention, RotaryPagedAttention):
         ...
     ```
     """
@@ -54,133 +45,6 @@ def register_paged(base_cls):
     return decorator
 
 
-def registered_classes():
-    """Returns `{keras_hub_class: paged_subclass}` for every family."""
-    _import_families()
+def registered():
+    """`{keras_hub_class: paged_subclass}` of the modules imported so far."""
     return dict(_PAGED_CLASSES)
-
-
-def paged_class_for(layer_or_cls):
-    """Returns the paged subclass for a layer (exact class match) or None."""
-    _import_families()
-    cls = layer_or_cls if isinstance(layer_or_cls, type) else type(layer_or_cls)
-    if getattr(cls, "_is_paged_layer", False):
-        return cls
-    return _PAGED_CLASSES.get(cls)
-
-
-def _call_parameters(layer):
-    try:
-        return inspect.signature(type(layer).call).parameters
-    except (TypeError, ValueError):
-        return {}
-
-
-def _takes_cache(layer):
-    return any("cache" in name for name in _call_parameters(layer))
-
-
-def find_attention_layers(backbone):
-    """Finds the layers that hold attention state, in the backbone's order.
-
-    A layer counts as attention when it is a Keras `MultiHeadAttention`, or
-    when its `call` takes a cache argument and none of its own sublayers
-    does (decoder blocks also pass a cache, but only down to attention).
-    This structural rule needs no list of families, so a new family's
-    attention is found (and refused if unsupported) without code changes.
-    """
-    found = []
-    for layer in backbone._flatten_layers(include_self=False, recursive=True):
-        if isinstance(layer, keras.layers.MultiHeadAttention):
-            found.append(layer)
-            continue
-        if not _takes_cache(layer) or getattr(layer, "_is_paged_layer", False):
-            if getattr(layer, "_owns_kv_cache", False):
-                found.append(layer)
-            continue
-        children = layer._flatten_layers(include_self=False, recursive=True)
-        if not any(_takes_cache(child) for child in children):
-            found.append(layer)
-    # A registered MultiHeadAttention subclass appears once only.
-    unique = []
-    for layer in found:
-        if not any(layer is seen for seen in unique):
-            unique.append(layer)
-    return unique
-
-
-def check_servable(backbone):
-    """Raises `UnsupportedModelError` unless every attention layer of the
-    backbone has a registered paged subclass (the conformance gate)."""
-    missing = sorted(
-        {
-            f"{type(layer).__module__}.{type(layer).__qualname__}"
-            for layer in find_attention_layers(backbone)
-            if paged_class_for(layer) is None
-        }
-    )
-    if missing:
-        raise UnsupportedModelError(
-            f"{type(backbone).__name__} uses attention layer class "
-            f"{', '.join(missing)}, which has no paged subclass in keras-vllm, "
-            "so it cannot be served on vLLM. Supported: "
-            + ", ".join(sorted(c.__name__ for c in registered_classes()))
-            + ". Add a subclass in keras_vllm/layers/ to support it."
-        )
-
-
-def kv_cache_specs(backbone):
-    """Returns one `KVCacheSpec` per attention layer, in KV cache order."""
-    check_servable(backbone)
-    specs = []
-    for layer in find_attention_layers(backbone):
-        paged_cls = paged_class_for(layer)
-        specs.append(paged_cls.kv_cache_spec(layer))
-    return specs
-
-
-def swap_in_paged_layers(backbone):
-    """Re-classes every registered layer of `backbone` as its paged subclass.
-
-    Attention layers get `kv_cache_index` in backbone order.
-
-    Returns:
-        The list of paged attention layers, indexed by KV cache.
-
-    Raises:
-        UnsupportedModelError: if an attention layer has no paged subclass.
-    """
-    check_servable(backbone)
-    attention = find_attention_layers(backbone)
-    for layer in backbone._flatten_layers(include_self=False, recursive=True):
-        paged_cls = paged_class_for(layer)
-        if paged_cls is not None and type(layer) is not paged_cls:
-            layer.__class__ = paged_cls
-    for index, layer in enumerate(attention):
-        layer.kv_cache_index = index
-    return attention
-
-
-def supported_families_table():
-    """The README's table of served layers, generated from the registry.
-
-    Returns:
-        A Markdown table: one row per family module of `keras_vllm/layers/`
-        with the KerasHub classes it serves.
-    """
-    rows = {}
-    for base, paged in registered_classes().items():
-        family = paged.__module__.rsplit(".", 1)[-1]
-        rows.setdefault(family, []).append(f"`{base.__name__}`")
-    lines = [
-        "| module `keras_vllm/layers/` | KerasHub layers served |",
-        "|---|---|",
-    ]
-    for family in sorted(rows):
-        lines.append(f"| `{family}.py` | {', '.join(sorted(rows[family]))} |")
-    return "\n".join(lines)
-
-
-def _import_families():
-    # The family modules register themselves on import.
-    from keras_vllm.layers import families  # noqa: F401

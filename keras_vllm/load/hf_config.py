@@ -8,17 +8,17 @@ vLLM spawns processes.
 
 from transformers import PretrainedConfig
 
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 
 
 class KerasVllmConfig(PretrainedConfig):
     """The neutral config of a keras-vllm artifact (fields in FORMAT.md)."""
 
-    model_type = artifact.MODEL_TYPE
+    model_type = fmt.MODEL_TYPE
 
 
 def register():
     """Registers `KerasVllmConfig` with transformers' `AutoConfig`."""
     from transformers import AutoConfig
 
-    AutoConfig.register(artifact.MODEL_TYPE, KerasVllmConfig, exist_ok=True)
+    AutoConfig.register(fmt.MODEL_TYPE, KerasVllmConfig, exist_ok=True)

@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 from keras_vllm import classes
 from keras_vllm import presets
 from keras_vllm import progress
@@ -12,13 +12,13 @@ from keras_vllm import reference
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
-from keras_vllm.load import validate
+from keras_vllm.load.opening import open_verified
 
 
 def _config(manifest, role):
     section = manifest[role]
     config = dict(section["config"])
-    validate.check_config_values(config, f"{role}.config")
+    fmt.configs.check_config_values(config, f"{role}.config")
     return classes.resolve(section["registered_name"], role), config
 
 
@@ -164,7 +164,7 @@ def build_backbone(path, manifest, dtype=None, preset=None):
             f"'{(missing or ['?'])[0]}'."
         )
     if specs:
-        directory = artifact.safe_join(path, artifact.WEIGHTS_DIR)
+        directory = fmt.safe_join(path, fmt.WEIGHTS_DIR)
         with progress.phase(
             f"restoring {mode} weights", total=weights["bytes"], unit="bytes"
         ) as phase:
@@ -183,11 +183,10 @@ def load_tokenizer(path, manifest=None):
         A `keras_hub.tokenizers.Tokenizer` with its assets loaded.
     """
     if manifest is None:
-        manifest = artifact.open_artifact(path)
-        validate.validate_artifact(path, manifest)
+        manifest = open_verified(path).manifest
     section = manifest["tokenizer"]
     cls, config = _config(manifest, "tokenizer")
-    assets = artifact.safe_join(path, artifact.TOKENIZER_ASSETS_DIR)
+    assets = fmt.safe_join(path, fmt.TOKENIZER_ASSETS_DIR)
     names = section.get("assets")
     if not isinstance(names, list) or sorted(os.listdir(assets)) != sorted(
         names
@@ -279,8 +278,7 @@ def load_causal_lm(
 
 
 def _load_causal_lm(path, dtype, preset, verify):
-    manifest = artifact.open_artifact(path, verify=verify, verbose="auto")
-    validate.validate_artifact(path, manifest)
+    manifest = open_verified(path, verify=verify, verbose="auto").manifest
     resolved = resolve_classes(manifest)
     # The tokenizer first: it is cheap, and its probes catch swapped assets
     # before any weight is allocated.
@@ -311,12 +309,14 @@ def check_golden(causal_lm, path, manifest=None):
         A list of `(prompt, expected_ids, actual_ids)` for mismatches (empty
         when the model reproduces every recorded output).
     """
-    manifest = manifest or artifact.open_artifact(path)
-    golden = artifact.read_json(artifact.safe_join(path, artifact.GOLDEN_FILE))
+    opened = fmt.open_artifact(path, verify=manifest is None)
+    manifest = manifest or opened.manifest
+    golden = opened.read_json(fmt.GOLDEN_FILE)
     stops = manifest["stop_token_ids"]
+    greedy = reference.greedy_by(manifest.get("golden_reference", "generate"))
     failures = []
     for record in golden["outputs"]:
-        actual = reference.greedy_continuation(
+        actual = greedy(
             causal_lm,
             record["prompt_ids"],
             golden["max_new_tokens"],

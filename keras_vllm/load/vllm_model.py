@@ -9,19 +9,18 @@ runs over vLLM's flat ragged batch.
 """
 
 import logging
-import os
 
 import jax.numpy as jnp
 from flax import nnx
 from keras import ops
 
-from keras_vllm import artifact
+from keras_vllm import envs
 from keras_vllm import progress
 from keras_vllm.layers.context import ServingContext
 from keras_vllm.layers.context import serving_context
-from keras_vllm.layers.registry import swap_in_paged_layers
-from keras_vllm.load import validate
+from keras_vllm.layers.swap import swap_in_paged_layers
 from keras_vllm.load.keras_loader import build_backbone
+from keras_vllm.load.opening import open_verified
 
 logger = logging.getLogger("keras_vllm")
 
@@ -51,10 +50,9 @@ class KerasVllmForCausalLM(nnx.Module):
         # Never live lines from vLLM's engine process: other processes
         # share its terminal. `keras-vllm serve` asks for one line per
         # phase; otherwise phases only log at INFO.
-        lines = os.environ.get(progress.ENGINE_ENV) == "lines"
+        lines = envs.engine_progress() == "lines"
         with progress.verbosity("lines" if lines else False):
-            manifest = artifact.open_artifact(self.artifact_path, verbose="auto")
-            validate.validate_artifact(self.artifact_path, manifest)
+            manifest = open_verified(self.artifact_path, verbose="auto").manifest
             backbone = build_backbone(
                 self.artifact_path, manifest, dtype=self.dtype_name
             )

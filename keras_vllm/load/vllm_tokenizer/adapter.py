@@ -2,7 +2,7 @@
 
 import os
 
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 from keras_vllm.load.vllm_tokenizer import chat
 from keras_vllm.load.vllm_tokenizer.special_tokens import SpecialTokens
 from keras_vllm.load.vllm_tokenizer.vocabulary import KIND_SPM
@@ -114,9 +114,9 @@ class KerasVllmTokenizer(TokenizerLike):
         from keras_vllm.load.keras_loader import load_tokenizer
 
         path = os.fspath(path_or_repo_id)
-        manifest = artifact.open_artifact(
-            path, only=(artifact.TOKENIZER_DIR + "/", artifact.CHAT_TEMPLATE_FILE)
-        )
+        manifest = fmt.open_artifact(
+            path, only=(fmt.TOKENIZER_DIR + "/", fmt.CHAT_TEMPLATE_FILE)
+        ).manifest
         return cls(
             load_tokenizer(path, manifest=manifest),
             manifest,

@@ -15,7 +15,7 @@ generic "no chat template" message, so `get_chat_template()` returns
 
 import os
 
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 
 _NO_TEMPLATE_MARKER = "{#- keras_vllm: artifact has no chat template -#}"
 # Rendered by any other Jinja engine, it still fails instead of producing an
@@ -55,7 +55,7 @@ def read_template(path):
         path: the artifact directory (its checksums are verified by the
             caller, `open_artifact`).
     """
-    template_path = artifact.safe_join(path, artifact.CHAT_TEMPLATE_FILE)
+    template_path = fmt.safe_join(path, fmt.CHAT_TEMPLATE_FILE)
     if not os.path.isfile(template_path):
         return None
     with open(template_path, encoding="utf-8") as f:
@@ -69,7 +69,7 @@ def no_template_error(path):
         "so chat messages cannot be turned into a prompt. Re-export the "
         "model with one: `causal_lm.export_vllm(path, chat_template=...)` "
         "(Jinja text or a path to a .jinja file, stored as "
-        f"'{artifact.CHAT_TEMPLATE_FILE}'); or pass a template to vLLM "
+        f"'{fmt.CHAT_TEMPLATE_FILE}'); or pass a template to vLLM "
         "(`--chat-template` / the request's `chat_template`); or send "
         "plain-text prompts to the completions API."
     )

@@ -1,8 +1,8 @@
 """Registers tokenizer mode `keras_vllm` with vLLM."""
 
-from keras_vllm import artifact
+from keras_vllm import format as fmt
 
-MODE = artifact.TOKENIZER_MODE
+MODE = fmt.TOKENIZER_MODE
 CLASS_NAME = "KerasVllmTokenizer"
 # vLLM imports the class by module name when a model asks for the mode; the
 # package re-exports it, so the entry point does not follow internal moves.

@@ -1,0 +1,330 @@
+"""Every environment variable keras-vllm reads, in one place.
+
+Each variable is declared once (name, accepted values, default, meaning,
+who reads it) and read through an accessor at call time, so a value set
+after import (or by a test's `monkeypatch`) is seen. A malformed value
+raises a `ValueError` that names the variable and what it accepts; an
+empty value counts as unset.
+
+This module is a leaf that imports only the standard library: vLLM's
+processes import it before JAX starts.
+
+Example:
+
+```python
+from keras_vllm import envs
+
+if envs.verbose():
+    ...
+envs.DEVICE.name  # "KERAS_VLLM_DEVICE"
+```
+"""
+
+import os
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _flag(value):
+    value = value.lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError
+
+
+def _choice(*choices):
+    def parse(value):
+        if value.lower() not in choices:
+            raise ValueError
+        return value.lower()
+
+    return parse
+
+
+def _positive(cast):
+    def parse(value):
+        try:
+            number = cast(float(value))
+        except (OverflowError, ValueError):
+            raise ValueError from None
+        if not number > 0:  # also refuses NaN
+            raise ValueError
+        return number
+
+    return parse
+
+
+def _progress(value):
+    value = value.lower()
+    if value in ("auto", "lines"):
+        return value
+    return _flag(value)
+
+
+def _text(value):
+    return value
+
+
+class Variable:
+    """One environment variable keras-vllm reads.
+
+    Args:
+        name: the variable's name.
+        accepts: the values it accepts, as the docs and errors say them.
+        default: what an unset (or empty) variable means.
+        meaning: one line saying what it does.
+        readers: the modules that read or set it.
+        parse: turns the stripped text into a value; raises `ValueError`
+            when the text is not one of `accepts`.
+    """
+
+    __slots__ = ("name", "accepts", "default", "meaning", "readers", "_parse")
+
+    def __init__(self, name, accepts, default, meaning, readers, parse=_text):
+        self.name = name
+        self.accepts = accepts
+        self.default = default
+        self.meaning = meaning
+        self.readers = readers
+        self._parse = parse
+
+    def raw(self):
+        """The variable's stripped text, or None when unset or empty."""
+        return os.environ.get(self.name, "").strip() or None
+
+    def get(self):
+        """The parsed value now, or `default` when unset.
+
+        Raises:
+            ValueError: the value is not one of `accepts`.
+        """
+        text = self.raw()
+        if text is None:
+            return self.default
+        try:
+            return self._parse(text)
+        except ValueError:
+            raise ValueError(
+                f"{self.name}={os.environ[self.name]!r} is not valid; use "
+                f"{self.accepts}, or leave it unset. {self.meaning}"
+            ) from None
+
+    def set(self, value):
+        """Sets the variable for this process and those it starts."""
+        os.environ[self.name] = str(value)
+
+    def setdefault(self, value):
+        """Sets the variable unless it is set (even to an empty value)."""
+        os.environ.setdefault(self.name, str(value))
+
+    def __repr__(self):
+        return f"Variable({self.name!r})"
+
+
+# keras-vllm's own variables.
+DEVICE = Variable(
+    "KERAS_VLLM_DEVICE",
+    "'cpu' or 'tpu'",
+    None,
+    "Forces the CPU backend on (cpu) or off (tpu); unset detects a TPU.",
+    "cpu/detect.py",
+    _choice("cpu", "tpu"),
+)
+CPU_MEMORY_GB = Variable(
+    "KERAS_VLLM_CPU_MEMORY_GB",
+    "a positive number",
+    4.0,
+    "Fake HBM per JAX CPU device in GiB; vLLM sizes the KV cache from it.",
+    "cpu/patches.py",
+    _positive(float),
+)
+CPU_ASYNC_SCHEDULING = Variable(
+    "KERAS_VLLM_CPU_ASYNC_SCHEDULING",
+    "1/true/yes/on or 0/false/no/off",
+    True,
+    "0 turns vLLM's async scheduling off on CPU (default: vLLM's choice).",
+    "cpu/patches.py",
+    _flag,
+)
+VERBOSE = Variable(
+    "KERAS_VLLM_VERBOSE",
+    "1/true/yes/on or 0/false/no/off",
+    False,
+    "1 shows vLLM's full log, false alarms and keras-vllm's INFO lines.",
+    "logs.py, engine.py; set by cli.py (-v)",
+    _flag,
+)
+PROGRESS = Variable(
+    "KERAS_VLLM_PROGRESS",
+    "'auto', 'lines', 1 or 0",
+    "auto",
+    "The default `verbose` of progress lines (see keras_vllm/progress.py).",
+    "progress.py",
+    _progress,
+)
+ENGINE_PROGRESS = Variable(
+    "KERAS_VLLM_ENGINE_PROGRESS",
+    "'lines'",
+    None,
+    "lines: vLLM's engine process prints one line per loading phase.",
+    "load/vllm_model.py; set by cli.py (serve)",
+    _choice("lines"),
+)
+MAX_PARAMETERS = Variable(
+    "KERAS_VLLM_MAX_PARAMETERS",
+    "a positive integer (1e10 is fine)",
+    1 << 34,
+    "The largest backbone (parameters estimated from its config) loaded.",
+    "format/configs.py",
+    _positive(int),
+)
+
+# Other tools' variables that keras-vllm reads or sets a default for.
+JAX_PLATFORMS = Variable(
+    "JAX_PLATFORMS",
+    "JAX's platform list",
+    None,
+    "cpu selects the CPU backend, tpu/proxy the TPU; set to cpu on CPU hosts.",
+    "cpu/detect.py, _env.py",
+)
+TPU_USING_PATHWAYS = Variable(
+    "VLLM_TPU_USING_PATHWAYS",
+    "vLLM's flag",
+    None,
+    "Set (not 0/false): remote TPUs through Pathways, not the CPU backend.",
+    "cpu/detect.py",
+)
+TPU_ACCELERATOR_TYPE = Variable(
+    "TPU_ACCELERATOR_TYPE",
+    "any value",
+    None,
+    "Set on Cloud TPU VMs and GKE TPU pods: a TPU host.",
+    "cpu/detect.py",
+)
+CI = Variable(
+    "CI",
+    "any value",
+    None,
+    "Set: progress lines are not drawn with verbose='auto'.",
+    "progress.py",
+)
+TERM = Variable(
+    "TERM",
+    "the terminal type",
+    None,
+    "dumb: progress lines are not drawn with verbose='auto'.",
+    "progress.py",
+)
+KERAS_BACKEND = Variable(
+    "KERAS_BACKEND",
+    "Keras' backend name",
+    "jax",
+    "Defaulted to jax before Keras is imported.",
+    "_env.py, plugin.py, testing/",
+)
+KERAS_NNX_ENABLED = Variable(
+    "KERAS_NNX_ENABLED",
+    "Keras' flag",
+    "true",
+    "Defaulted to true before Keras is imported.",
+    "_env.py, testing/",
+)
+WORKER_MULTIPROC_METHOD = Variable(
+    "VLLM_WORKER_MULTIPROC_METHOD",
+    "fork or spawn",
+    None,
+    "Set to spawn when JAX already runs in the process starting an engine.",
+    "engine.py",
+)
+LOGGING_LEVEL = Variable(
+    "VLLM_LOGGING_LEVEL",
+    "a logging level",
+    None,
+    "Set to WARNING for quiet serving unless the user set it.",
+    "logs.py",
+)
+TRANSFORMERS_VERBOSITY = Variable(
+    "TRANSFORMERS_VERBOSITY",
+    "a transformers verbosity",
+    None,
+    "Set to error for quiet serving unless the user set it.",
+    "logs.py",
+)
+
+VARIABLES = (
+    DEVICE,
+    CPU_MEMORY_GB,
+    CPU_ASYNC_SCHEDULING,
+    VERBOSE,
+    PROGRESS,
+    ENGINE_PROGRESS,
+    MAX_PARAMETERS,
+    JAX_PLATFORMS,
+    TPU_USING_PATHWAYS,
+    TPU_ACCELERATOR_TYPE,
+    CI,
+    TERM,
+    KERAS_BACKEND,
+    KERAS_NNX_ENABLED,
+    WORKER_MULTIPROC_METHOD,
+    LOGGING_LEVEL,
+    TRANSFORMERS_VERBOSITY,
+)
+
+
+def device():
+    """`"cpu"` or `"tpu"` when `KERAS_VLLM_DEVICE` forces one, else None."""
+    return DEVICE.get()
+
+
+def cpu_memory_gb():
+    """The fake HBM budget per JAX CPU device, in GiB (default 4)."""
+    return CPU_MEMORY_GB.get()
+
+
+def cpu_async_scheduling():
+    """False when `KERAS_VLLM_CPU_ASYNC_SCHEDULING` turns it off on CPU."""
+    return CPU_ASYNC_SCHEDULING.get()
+
+
+def verbose():
+    """Whether `KERAS_VLLM_VERBOSE` asks for every log line."""
+    return VERBOSE.get()
+
+
+def progress():
+    """`KERAS_VLLM_PROGRESS`: `"auto"` (default), `"lines"`, True or False."""
+    return PROGRESS.get()
+
+
+def engine_progress():
+    """`"lines"` when vLLM's engine process prints its phases, else None."""
+    return ENGINE_PROGRESS.get()
+
+
+def max_parameters():
+    """The largest backbone loaded without asking, in parameters."""
+    return MAX_PARAMETERS.get()
+
+
+def jax_platforms():
+    """`JAX_PLATFORMS`, lowercased; `""` when unset or empty."""
+    return (JAX_PLATFORMS.raw() or "").lower()
+
+
+def tpu_using_pathways():
+    """Whether `VLLM_TPU_USING_PATHWAYS` says the TPUs are remote."""
+    return (TPU_USING_PATHWAYS.raw() or "0").lower() not in ("0", "false")
+
+
+def tpu_accelerator_type():
+    """`TPU_ACCELERATOR_TYPE`, or None when unset (not a TPU VM)."""
+    return TPU_ACCELERATOR_TYPE.raw()
+
+
+def in_ci():
+    """Whether this looks like CI or a dumb terminal (no live drawing)."""
+    return CI.raw() is not None or (TERM.raw() or "").lower() == "dumb"

@@ -1,0 +1,168 @@
+"""Safe file I/O of the artifact format: listing, joining, JSON, hashing.
+
+Every read here is bounded and confined: nothing follows a link, opens a
+special file (a FIFO would block), leaves the artifact directory or reads
+more than a limit it checked first. Plain Python only.
+"""
+
+import hashlib
+import json
+import os
+import stat
+
+from keras_vllm.errors import ArtifactError
+from keras_vllm.format.names import MANIFEST_FILE
+from keras_vllm.format.names import MAX_FILES
+from keras_vllm.format.names import MAX_JSON_FILE_BYTES
+
+_CHUNK = 1 << 20
+
+
+def sha256_file(path, on_bytes=None):
+    """Returns the hex SHA-256 of a file, read in bounded chunks.
+
+    Args:
+        path: the file.
+        on_bytes: called with the size of each chunk read (progress).
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(_CHUNK)
+            if not chunk:
+                break
+            digest.update(chunk)
+            if on_bytes is not None:
+                on_bytes(len(chunk))
+    return digest.hexdigest()
+
+
+def list_files(directory):
+    """Lists every regular file below `directory` as sorted relative paths.
+
+    Raises:
+        ArtifactError: if the tree holds a symlink or a special file (an
+            artifact is plain files and folders only).
+    """
+    found = []
+    for root, dirs, files in os.walk(directory, followlinks=False):
+        for name in dirs + files:
+            full = os.path.join(root, name)
+            mode = os.lstat(full).st_mode
+            rel = os.path.relpath(full, directory).replace(os.sep, "/")
+            if stat.S_ISLNK(mode):
+                raise ArtifactError(
+                    f"Artifact entry '{rel}' is a symbolic link. Artifacts "
+                    "hold plain files only; re-export the model instead of "
+                    "linking files into the artifact."
+                )
+            if stat.S_ISREG(mode):
+                found.append(rel)
+            elif not stat.S_ISDIR(mode):
+                raise ArtifactError(
+                    f"Artifact entry '{rel}' is not a regular file."
+                )
+            if len(found) > MAX_FILES:
+                raise ArtifactError(
+                    f"Artifact holds more than {MAX_FILES} files."
+                )
+    return sorted(found)
+
+
+def file_table(directory, exclude=(MANIFEST_FILE,), on_bytes=None):
+    """Returns `{relative_path: {"sha256", "bytes"}}` for an artifact tree.
+
+    `on_bytes` is called with each chunk's size while hashing (progress).
+    """
+    table = {}
+    for rel in list_files(directory):
+        if rel in exclude:
+            continue
+        full = os.path.join(directory, rel)
+        table[rel] = {
+            "sha256": sha256_file(full, on_bytes),
+            "bytes": os.path.getsize(full),
+        }
+    return table
+
+
+def safe_join(directory, relative):
+    """Joins a manifest-supplied path to the artifact root, confined to it.
+
+    Raises:
+        ArtifactError: for absolute paths, `..` components, or paths that
+            resolve (through links) outside the artifact.
+    """
+    if not isinstance(relative, str) or not relative:
+        raise ArtifactError(f"Invalid file reference {relative!r}.")
+    if relative.startswith(("/", "\\")) or os.path.isabs(relative):
+        raise ArtifactError(
+            f"File reference '{relative}' is absolute; artifact files must "
+            "be relative to the artifact directory."
+        )
+    parts = relative.replace("\\", "/").split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ArtifactError(
+            f"File reference '{relative}' leaves the artifact directory."
+        )
+    root = os.path.realpath(directory)
+    full = os.path.realpath(os.path.join(root, *parts))
+    if os.path.commonpath([root, full]) != root:
+        raise ArtifactError(
+            f"File reference '{relative}' resolves outside the artifact."
+        )
+    return full
+
+
+def read_json(path, limit=MAX_JSON_FILE_BYTES, what=None):
+    """Reads a bounded JSON file, raising `ArtifactError` on any problem."""
+    what = what or os.path.basename(path)
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise ArtifactError(f"Cannot read {what}: {e}.") from None
+    if size > limit:
+        raise ArtifactError(
+            f"{what} is {size} bytes, more than the {limit} allowed."
+        )
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise ArtifactError(f"Cannot read {what}: {e}.") from None
+    if len(data) > limit:
+        raise ArtifactError(f"{what} is more than the {limit} bytes allowed.")
+    try:
+        return json.loads(
+            data.decode("utf-8"),
+            object_pairs_hook=_unique_keys,
+            parse_constant=_no_constant,
+        )
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"{what} is not UTF-8 text: {e}.") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, huge ints
+        raise ArtifactError(
+            f"{what} is not valid JSON: {str(e)[:200]}. The file is corrupt "
+            "or was not written by keras-vllm; re-export the model."
+        ) from None
+
+
+def _unique_keys(pairs):
+    result = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key[:100]!r}")
+        result[key] = value
+    return result
+
+
+def _no_constant(name):
+    # NaN and Infinity are not JSON; Python's parser accepts them by default.
+    raise ValueError(f"non-standard constant {name}")
+
+
+def write_json(path, value):
+    """Writes JSON deterministically (sorted keys, UTF-8, trailing newline)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2, sort_keys=True, ensure_ascii=False)
+        f.write("\n")

@@ -1,0 +1,78 @@
+"""Names and limits of the keras-vllm artifact format.
+
+Every file name, vLLM-facing name and bound of the format is declared here
+once; the rest of `keras_vllm.format` (and nothing outside it) spells them.
+"""
+
+FORMAT_NAME = "keras_vllm"
+# The major version changes when a reader of an older version could
+# misread an artifact; the minor version when fields are only added.
+FORMAT_VERSION = (1, 1)
+
+# vLLM-facing names. Chosen so they cannot collide with keras-hub 0.32's own
+# plugin, which registers `keras_hub` / `KerasHubForCausalLM`.
+MODEL_TYPE = "keras_vllm"
+ARCHITECTURE = "KerasVllmForCausalLM"
+TOKENIZER_MODE = "keras_vllm"
+
+MANIFEST_FILE = "manifest.json"
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+GOLDEN_FILE = "golden.json"
+TOKENIZER_DIR = "tokenizer"
+TOKENIZER_CONFIG_FILE = "tokenizer/config.json"
+TOKENIZER_ASSETS_DIR = "tokenizer/assets"
+WEIGHTS_DIR = "weights"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+WEIGHT_MODES = ("preset", "delta", "full")
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+
+# Bounds checked before anything is allocated from a manifest's numbers.
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_JSON_FILE_BYTES = 64 << 20
+MAX_DIM = 1 << 24
+MAX_ELEMENTS = 1 << 36
+MAX_FILES = 100_000
+MAX_FILE_BYTES = 1 << 42
+# Any integer in a backbone/tokenizer/preprocessor/sampler config above this
+# is refused before a layer is built (hostile "huge dimension" manifests).
+MAX_CONFIG_INT = 1 << 22
+MAX_CONFIG_DEPTH = 16
+MAX_CONFIG_STRING = 100_000
+MAX_CONFIG_LIST = 10_000
+# The largest backbone loaded without asking is `envs.max_parameters()`
+# (estimated from its config, so a hostile config cannot make the loader
+# allocate unbounded memory); this names the variable in messages.
+MAX_PARAMETERS_ENV = "KERAS_VLLM_MAX_PARAMETERS"
+MAX_CHAT_TEMPLATE_BYTES = 1 << 20
+MAX_GOLDEN_RECORDS = 1000
+MAX_GOLDEN_IDS = 100_000
+
+# Every top-level manifest field of format 1.1 (`validate_manifest` refuses
+# others unless the artifact declares a newer minor version). 1.1 added
+# `golden_reference`.
+MANIFEST_FIELDS = (
+    "format",
+    "format_version",
+    "written_by",
+    "created",
+    "preset",
+    "dtype",
+    "stop_token_ids",
+    "max_sequence_length",
+    "sampler_in_vllm",
+    "servable",
+    "unservable_reason",
+    "parameter_count",
+    "weights",
+    "backbone",
+    "causal_lm",
+    "tokenizer",
+    "preprocessor",
+    "sampler",
+    "golden_reference",
+    "files",
+)
+# How golden outputs were computed in Keras (1.0 artifacts: "generate").
+GOLDEN_REFERENCES = ("generate", "forward_pass")

@@ -1,0 +1,159 @@
+"""Finding a backbone's attention layers and swapping in paged subclasses.
+
+This is what generic code (the exporter, the loader, the model class) asks;
+it never names a model family. Importing it imports every family module
+(`keras_vllm.layers.families`), so the registry is complete.
+
+Swapping re-classes each layer instance in place (`layer.__class__ =
+paged_cls`): the paged subclass inherits the parent's sublayers and
+variables, so no weight is copied or converted.
+"""
+
+import inspect
+
+import keras
+
+from keras_vllm.errors import UnsupportedModelError
+from keras_vllm.layers import families  # noqa: F401  (registers them all)
+from keras_vllm.layers import registry
+
+
+def registered_classes():
+    """Returns `{keras_hub_class: paged_subclass}` for every family."""
+    return registry.registered()
+
+
+def paged_class_for(layer_or_cls):
+    """Returns the paged subclass for a layer (exact class match) or None."""
+    cls = layer_or_cls if isinstance(layer_or_cls, type) else type(layer_or_cls)
+    if getattr(cls, "_is_paged_layer", False):
+        return cls
+    return registry.registered().get(cls)
+
+
+def _call_parameters(layer):
+    try:
+        return inspect.signature(type(layer).call).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+def _takes_cache(layer):
+    return any("cache" in name for name in _call_parameters(layer))
+
+
+def find_attention_layers(backbone):
+    """Finds the layers that hold attention state, in the backbone's order.
+
+    A layer counts as attention when it is a Keras `MultiHeadAttention`, or
+    when its `call` takes a cache argument and none of its own sublayers
+    does (decoder blocks also pass a cache, but only down to attention).
+    This structural rule needs no list of families, so a new family's
+    attention is found (and refused if unsupported) without code changes.
+    """
+    found = []
+    for layer in backbone._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, keras.layers.MultiHeadAttention):
+            found.append(layer)
+            continue
+        if not _takes_cache(layer) or getattr(layer, "_is_paged_layer", False):
+            if getattr(layer, "_owns_kv_cache", False):
+                found.append(layer)
+            continue
+        children = layer._flatten_layers(include_self=False, recursive=True)
+        if not any(_takes_cache(child) for child in children):
+            found.append(layer)
+    # A registered MultiHeadAttention subclass appears once only.
+    unique = []
+    for layer in found:
+        if not any(layer is seen for seen in unique):
+            unique.append(layer)
+    return unique
+
+
+def check_servable(backbone):
+    """Raises `UnsupportedModelError` unless every attention layer of the
+    backbone has a registered paged subclass (the conformance gate)."""
+    missing = sorted(
+        {
+            f"{type(layer).__module__}.{type(layer).__qualname__}"
+            for layer in find_attention_layers(backbone)
+            if paged_class_for(layer) is None
+        }
+    )
+    if missing:
+        raise UnsupportedModelError(
+            f"{type(backbone).__name__} uses attention layer class "
+            f"{', '.join(missing)}, which has no paged subclass in keras-vllm, "
+            "so it cannot be served on vLLM. Supported: "
+            + ", ".join(sorted(c.__name__ for c in registered_classes()))
+            + ". Add a subclass in keras_vllm/layers/ to support it."
+        )
+
+
+def kv_cache_specs(backbone):
+    """Returns one `KVCacheSpec` per attention layer, in KV cache order."""
+    check_servable(backbone)
+    specs = []
+    for layer in find_attention_layers(backbone):
+        paged_cls = paged_class_for(layer)
+        specs.append(paged_cls.kv_cache_spec(layer))
+    return specs
+
+
+def swap_in_paged_layers(backbone):
+    """Re-classes every registered layer of `backbone` as its paged subclass.
+
+    Attention layers get `kv_cache_index` in backbone order.
+
+    Returns:
+        The list of paged attention layers, indexed by KV cache.
+
+    Raises:
+        UnsupportedModelError: if an attention layer has no paged subclass.
+    """
+    check_servable(backbone)
+    attention = find_attention_layers(backbone)
+    for layer in backbone._flatten_layers(include_self=False, recursive=True):
+        paged_cls = paged_class_for(layer)
+        if paged_cls is not None and type(layer) is not paged_cls:
+            layer.__class__ = paged_cls
+    for index, layer in enumerate(attention):
+        layer.kv_cache_index = index
+    return attention
+
+
+def supported_families_table():
+    """The README's table of served layers, generated from the registry.
+
+    Returns:
+        A Markdown table: one row per family module of `keras_vllm/layers/`
+        with the KerasHub classes it serves.
+    """
+    rows = {}
+    for base, paged in registered_classes().items():
+        family = paged.__module__.rsplit(".", 1)[-1]
+        rows.setdefault(family, []).append(f"`{base.__name__}`")
+    lines = [
+        "| module `keras_vllm/layers/` | KerasHub layers served |",
+        "|---|---|",
+    ]
+    for family in sorted(rows):
+        lines.append(f"| `{family}.py` | {', '.join(sorted(rows[family]))} |")
+    return "\n".join(lines)
+
+
+def golden_reference(backbone):
+    """How the served output of `backbone` is predicted in Keras.
+
+    Returns:
+        `"generate"` (KerasHub's cached `generate()`), or `"forward_pass"`
+        when a family's paged subclass declares that its KerasHub cached
+        decoding is not the reference (greedy by full forward passes is).
+    """
+    references = {
+        paged_class_for(layer).golden_reference
+        for layer in find_attention_layers(backbone)
+        if paged_class_for(layer) is not None
+    }
+    return "forward_pass" if "forward_pass" in references else "generate"

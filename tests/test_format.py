@@ -1,0 +1,118 @@
+"""`keras_vllm.format`: one opened artifact per process, never stale."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+import keras_vllm
+from keras_vllm import format as fmt
+
+from conftest import trained
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    path = tmp_path_factory.mktemp("format") / "artifact"
+    return trained("gpt2").export_vllm(path, golden_prompts=["a", "b c"])
+
+
+def _copy(path, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    return str(copy)
+
+
+def test_open_twice_is_the_same_artifact(exported):
+    first = fmt.open_artifact(exported)
+    first.validate()
+    assert fmt.open_artifact(exported) is first
+    assert first.read_json(fmt.CONFIG_FILE) is first.read_json(fmt.CONFIG_FILE)
+
+
+def test_a_file_changed_after_opening_is_verified_again(exported, tmp_path):
+    path = _copy(exported, tmp_path)
+    opened = fmt.open_artifact(path)
+    weights = sorted(
+        rel for rel in opened.manifest["files"] if rel.startswith("weights/d/")
+    )[0]
+    full = os.path.join(path, weights)
+    with open(full, "r+b") as f:
+        byte = f.read(1)
+        f.seek(0)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(keras_vllm.IntegrityError, match=weights):
+        fmt.open_artifact(path)
+
+
+def test_partial_verification_hashes_the_rest_when_asked(exported, tmp_path):
+    path = _copy(exported, tmp_path)
+    golden = os.path.join(path, fmt.GOLDEN_FILE)
+    text = open(golden).read()
+    opened = fmt.open_artifact(path, only=(fmt.TOKENIZER_DIR + "/",))
+    # Same size, other content, same inode; the modification time moves back
+    # so only the hash can tell.
+    stat = os.stat(golden)
+    with open(golden, "w") as f:
+        f.write(text.replace("max_new_tokens", "max_new_tokenz"))
+    os.utime(golden, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert fmt.open_artifact(path, only=(fmt.TOKENIZER_DIR + "/",)) is opened
+    with pytest.raises(keras_vllm.IntegrityError, match=fmt.GOLDEN_FILE):
+        fmt.open_artifact(path)
+
+
+def test_format_1_0_artifacts_still_load(exported, tmp_path):
+    path = _copy(exported, tmp_path)
+    manifest_path = os.path.join(path, fmt.MANIFEST_FILE)
+    manifest = json.load(open(manifest_path))
+    manifest["format_version"] = [1, 0]
+    del manifest["golden_reference"]
+    fmt.write_json(manifest_path, manifest)
+    opened = fmt.open_artifact(path).validate()
+    assert "golden_reference" not in opened.manifest
+    loaded = keras_vllm.load_causal_lm(path)
+    from keras_vllm.load.keras_loader import check_golden
+
+    assert check_golden(loaded, path) == []
+
+
+def test_unknown_golden_reference_is_refused(exported, tmp_path):
+    path = _copy(exported, tmp_path)
+    manifest_path = os.path.join(path, fmt.MANIFEST_FILE)
+    manifest = json.load(open(manifest_path))
+    manifest["golden_reference"] = "beam"
+    fmt.write_json(manifest_path, manifest)
+    with pytest.raises(keras_vllm.ArtifactError, match="golden_reference"):
+        fmt.open_artifact(path)
+
+
+def test_format_imports_only_the_standard_library():
+    """The format is read in vLLM's processes before JAX starts and on
+    export-only installs: it imports nothing but the standard library,
+    keras_vllm.errors, keras_vllm.envs (itself stdlib-only) and itself."""
+    import ast
+    import sys
+
+    folder = os.path.dirname(fmt.__file__)
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py"):
+            continue
+        tree = ast.parse(open(os.path.join(folder, name)).read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module == "keras_vllm":
+                modules = [f"keras_vllm.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                assert (
+                    top in sys.stdlib_module_names
+                    or module.startswith(
+                        ("keras_vllm.format", "keras_vllm.errors", "keras_vllm.envs")
+                    )
+                ), f"{name} imports {module}"
