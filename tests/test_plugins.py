@@ -38,7 +38,8 @@ SCRIPT = textwrap.dedent(
     from vllm.tokenizers.registry import TokenizerRegistry
     ours = TokenizerRegistry.load_tokenizer_cls("keras_vllm")
     theirs = TokenizerRegistry.load_tokenizer_cls("keras_hub")
-    assert ours.__module__ == "keras_vllm.load.vllm_tokenizer", ours
+    from keras_vllm.load.vllm_tokenizer import KerasVllmTokenizer
+    assert ours is KerasVllmTokenizer, ours
     assert theirs.__module__.startswith("keras_hub."), theirs
 
     from transformers import AutoConfig

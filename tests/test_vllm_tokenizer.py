@@ -334,6 +334,46 @@ def test_chat_template_renders(artifacts):
     assert cont.endswith("<|assistant|>Sure,")
 
 
+def test_continue_final_message(artifacts):
+    tok = artifacts["gpt2"].tokenizer
+
+    def cont(messages, **kwargs):
+        return tok.apply_chat_template(
+            messages, continue_final_message=True, tokenize=False, **kwargs
+        )
+
+    partial = MESSAGES + [{"role": "assistant", "content": "Sure,"}]
+    with pytest.raises(ValueError, match="not compatible"):
+        cont(partial, add_generation_prompt=True)
+    with pytest.raises(ValueError, match="no messages"):
+        cont([])
+    # A template that drops the final message cannot continue it.
+    drops_last = "{% for m in messages[:-1] %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(ValueError, match="final message"):
+        cont(partial, chat_template=drops_last)
+    # Content blocks: the last text block is the one continued.
+    blocks = (
+        "{% for m in messages %}{% if m['content'] is string %}"
+        "{{ m['content'] }}{% else %}{% for b in m['content'] %}"
+        "{{ b['text'] }}{% endfor %}{% endif %}|{% endfor %}"
+    )
+    texts = [{"type": "text", "text": t} for t in ("One.", "Two,")]
+    block_messages = MESSAGES + [{"role": "assistant", "content": texts}]
+    text = cont(block_messages, chat_template=blocks)
+    assert text == "Be brief.|héllo 🙂|One.Two,"
+    # The caller's messages are left as they were.
+    assert block_messages[-1]["content"][-1]["text"] == "Two,"
+
+
+def test_byte_decoder_covers_every_byte():
+    from keras_vllm.load.vllm_tokenizer.vocabulary import byte_decoder
+
+    table = byte_decoder()
+    assert sorted(table.values()) == list(range(256))
+    assert table["\u0120"] == ord(" ")  # "Ġ", GPT-2's space
+    assert all(table[chr(b)] == b for b in range(ord("!"), ord("~") + 1))
+
+
 def test_chat_template_is_sandboxed(artifacts):
     import jinja2.exceptions
 

@@ -1,0 +1,150 @@
+"""Chat templates of keras-vllm artifacts: loading, rendering, no template.
+
+Rendering is transformers' own (`render_jinja_template`): the sandbox HF
+tokenizers render in (`trim_blocks`, `lstrip_blocks`, `loopcontrols`,
+`tojson`, `raise_exception`, `strftime_now`, `{% generation %}`), its
+bounded cache of compiled templates, and its continue-final-message rule,
+so a template renders here exactly as it does for an HF tokenizer.
+
+An artifact may have no template (a choice at export). vLLM's HfRenderer
+swallows exceptions raised by `get_chat_template()` and would report a
+generic "no chat template" message, so `get_chat_template()` returns
+`MISSING_CHAT_TEMPLATE` instead, and `render()` turns that marker into
+`NoChatTemplateError`, which says how to add one (HfRenderer answers 400).
+"""
+
+import os
+
+from keras_vllm import format as fmt
+
+_NO_TEMPLATE_MARKER = "{#- keras_vllm: artifact has no chat template -#}"
+# Rendered by any other Jinja engine, it still fails instead of producing an
+# empty prompt.
+MISSING_CHAT_TEMPLATE = (
+    _NO_TEMPLATE_MARKER
+    + "{{ raise_exception('This keras-vllm artifact has no chat template; "
+    "re-export it with export_vllm(..., chat_template=...).') }}"
+)
+
+try:
+    from vllm.exceptions import ChatTemplateResolutionError
+except ImportError:  # the tokenizer also works without vLLM
+
+    class ChatTemplateResolutionError(Exception):
+        pass
+
+
+class NoChatTemplateError(ChatTemplateResolutionError, ValueError):
+    """Chat was requested from an artifact that carries no chat template.
+
+    vLLM's "no chat template" error (and a `ValueError`), so its OpenAI
+    server answers 400, and its start-up chat warm-up notes the missing
+    template quietly instead of logging a traceback.
+    """
+
+
+def read_template(path):
+    """The artifact's chat template text, or None when it has none.
+
+    Example:
+
+    >>> read_template("exports/my_model")  # doctest: +SKIP
+    "{% for m in messages %}..."
+
+    Args:
+        path: the artifact directory (its checksums are verified by the
+            caller, `open_artifact`).
+    """
+    template_path = fmt.safe_join(path, fmt.CHAT_TEMPLATE_FILE)
+    if not os.path.isfile(template_path):
+        return None
+    with open(template_path, encoding="utf-8") as f:
+        return f.read()
+
+
+def no_template_error(path):
+    """The `NoChatTemplateError` for the artifact at `path`."""
+    return NoChatTemplateError(
+        f"The keras-vllm artifact at '{path}' has no chat template, "
+        "so chat messages cannot be turned into a prompt. Re-export the "
+        "model with one: `causal_lm.export_vllm(path, chat_template=...)` "
+        "(Jinja text or a path to a .jinja file, stored as "
+        f"'{fmt.CHAT_TEMPLATE_FILE}'); or pass a template to vLLM "
+        "(`--chat-template` / the request's `chat_template`); or send "
+        "plain-text prompts to the completions API."
+    )
+
+
+def render(
+    source,
+    conversation,
+    *,
+    path,
+    tools=None,
+    documents=None,
+    add_generation_prompt=False,
+    continue_final_message=False,
+    **variables,
+):
+    """Renders one conversation with a chat template, as HF tokenizers do.
+
+    Example:
+
+    ```python
+    render(
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+        [{"role": "user", "content": "hi"}],
+        path="exports/my_model",
+        bos_token="<s>",
+    )  # "hi"
+    ```
+
+    Args:
+        source: the template text, or `MISSING_CHAT_TEMPLATE`.
+        conversation: the messages (dicts, or an object with `messages`).
+        path: the artifact directory, named by `NoChatTemplateError`.
+        tools: tool schemas (dicts), or None.
+        documents: documents (dicts), or None.
+        add_generation_prompt: end with the assistant's turn opener.
+        continue_final_message: end right after the final message's text
+            (no end-of-turn), for the model to continue it; a string names
+            the message field to continue (default "content").
+        **variables: template variables (`bos_token`, ... and the
+            request's extra ones).
+
+    Raises:
+        NoChatTemplateError: `source` is `MISSING_CHAT_TEMPLATE`.
+        ValueError: `continue_final_message` with `add_generation_prompt`,
+            or with no final message text, or the template drops it.
+    """
+    if source.startswith(_NO_TEMPLATE_MARKER):
+        raise no_template_error(path)
+    if hasattr(conversation, "messages"):
+        conversation = conversation.messages
+    conversation = list(conversation)
+    if continue_final_message:
+        # transformers checks these in `apply_chat_template`, not in the
+        # renderer (which would fail on no messages with a bare IndexError).
+        if add_generation_prompt:
+            raise ValueError(
+                "continue_final_message and add_generation_prompt are not "
+                "compatible: use continue_final_message to continue the "
+                "final message, add_generation_prompt to start a new one."
+            )
+        if not conversation:
+            raise ValueError(
+                "continue_final_message is set but there are no messages."
+            )
+
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered, _ = render_jinja_template(
+        conversations=[conversation],
+        tools=tools,
+        documents=documents,
+        chat_template=source,
+        continue_final_message=continue_final_message,
+        add_generation_prompt=add_generation_prompt,
+        **variables,
+    )
+    return rendered[0]

@@ -1,0 +1,51 @@
+"""An artifact's special tokens, as `CausalLM.generate()` uses them."""
+
+
+def _optional_int(value):
+    return None if value is None else int(value)
+
+
+class SpecialTokens:
+    """Start, end-of-sequence and padding ids, and the ids decoding skips.
+
+    The start token is prepended exactly when `generate()` prepends it (the
+    exported preprocessor's `add_start_token`, and a start token exists).
+    The end-of-sequence id is the artifact's first stop token (else the
+    tokenizer's end token). The skipped ids (`skip_special_tokens`) are the
+    native tokenizer's special tokens, the start and end tokens and the
+    stop tokens (what `generate()` strips), those that have a piece.
+
+    Example:
+
+    ```python
+    special = SpecialTokens(manifest, native_tokenizer, Vocabulary(native))
+    special.add_bos, special.bos_id, special.eos_id, special.sorted_ids
+    ```
+
+    Args:
+        manifest: the artifact's manifest dict.
+        tokenizer: the native `keras_hub.tokenizers.Tokenizer`.
+        vocabulary: its `Vocabulary`.
+    """
+
+    def __init__(self, manifest, tokenizer, vocabulary):
+        section = manifest.get("tokenizer", {})
+        preprocessor = manifest.get("preprocessor", {}).get("config", {})
+        end = _optional_int(section.get("end_token_id"))
+        stops = [int(i) for i in manifest.get("stop_token_ids") or []]
+
+        self.bos_id = _optional_int(section.get("start_token_id"))
+        self.add_bos = bool(preprocessor.get("add_start_token", False)) and (
+            self.bos_id is not None
+        )
+        self.eos_id = stops[0] if stops else end
+        self.pad_id = _optional_int(section.get("pad_token_id"))
+
+        special = set(stops)
+        try:
+            special.update(int(i) for i in tokenizer.special_token_ids)
+        except (AttributeError, ValueError, TypeError):
+            pass  # a tokenizer without special tokens of its own
+        special.update(i for i in (self.bos_id, end) if i is not None)
+        self.ids = frozenset(i for i in special if vocabulary.contains(i))
+        self.sorted_ids = sorted(self.ids)
