@@ -63,7 +63,9 @@ def _verify(args):
         args.artifact, verbose="auto", validate=False
     ).manifest
     print(f"checksums       ok ({len(manifest['files'])} files)")
-    causal_lm = keras_vllm.load_causal_lm(args.artifact, verify=False)
+    causal_lm = keras_vllm.load_causal_lm(
+        args.artifact, verify=False, preset=args.preset
+    )
     failures = check_golden(causal_lm, args.artifact, manifest)
     if failures:
         for prompt, want, got in failures:
@@ -102,7 +104,9 @@ def _engine_golden(path, manifest, args):
         skip_special_tokens=False,
     )
     records = golden["outputs"]
-    with KerasVllmEngine.from_export(path, verbose=_verbose(args)) as engine:
+    with KerasVllmEngine.from_export(
+        path, verbose=_verbose(args), preset=args.preset
+    ) as engine:
         outputs = engine.generate(
             [{"prompt_token_ids": r["prompt_ids"]} for r in records],
             params,
@@ -146,6 +150,8 @@ def serve_command(path, extra):
 
 def _serve(args):
     command = serve_command(args.artifact, args.vllm_args)
+    if args.preset is not None:
+        _use_preset(args.artifact, args.preset)
     print(" ".join(command), flush=True)
     if not args.quiet:
         envs.ENGINE_PROGRESS.set("lines")
@@ -158,6 +164,20 @@ def _serve(args):
             flush=True,
         )
     os.execv(command[0], command)
+
+
+def _use_preset(path, preset):
+    """Checks a `--preset` override and hands it to `vllm serve`'s engine
+    process (through `KERAS_VLLM_PRESET`)."""
+    from keras_vllm import format as fmt
+    from keras_vllm import presets
+    from keras_vllm.engine import _resolve_preset
+
+    preset = _resolve_preset(preset)
+    recorded = fmt.open_artifact(path).manifest.get("preset")
+    if recorded is not None and recorded["files"]:
+        presets.check_available(preset, sorted(recorded["files"]))
+    envs.PRESET.set(preset)
 
 
 def _demo(args):
@@ -203,6 +223,15 @@ def _output_options(default):
         help="no progress lines (they are drawn only on a terminal anyway)",
     )
     return options
+
+
+def _preset_option(parser):
+    parser.add_argument(
+        "--preset",
+        default=None,
+        help="load a delta artifact's preset from here (a local copy or "
+        "handle) instead of the recorded one; its files must match",
+    )
 
 
 def build_parser():
@@ -259,6 +288,7 @@ def build_parser():
     )
     p.add_argument("artifact")
     p.add_argument("--engine", action="store_true", help="also run vLLM")
+    _preset_option(p)
     p.set_defaults(func=_verify)
 
     p = sub.add_parser(
@@ -270,6 +300,7 @@ def build_parser():
         "`keras-vllm serve out/ --port 8000`.",
     )
     p.add_argument("artifact")
+    _preset_option(p)
     p.add_argument("vllm_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_serve)
 

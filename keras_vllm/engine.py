@@ -1,5 +1,6 @@
 """`KerasVllmEngine`: a vLLM engine over a keras-vllm artifact."""
 
+import contextlib
 import logging
 import os
 
@@ -96,6 +97,34 @@ def _choose_process_start_method():
         )
 
 
+def _resolve_preset(preset):
+    preset = preset if preset is not None else envs.preset()
+    if preset is None:
+        return None
+    preset = os.fspath(preset)
+    if "://" not in preset and os.path.isdir(preset):
+        return os.path.abspath(preset)
+    return preset
+
+
+@contextlib.contextmanager
+def _preset_for_engine(preset):
+    """Hands the preset override to vLLM's engine processes, which build
+    the model (`load/vllm_model.py` reads `KERAS_VLLM_PRESET`)."""
+    if preset is None:
+        yield
+        return
+    previous = envs.PRESET.raw()
+    envs.PRESET.set(preset)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(envs.PRESET.name, None)
+        else:
+            envs.PRESET.set(previous)
+
+
 class KerasVllmEngine:
     """A vLLM engine (continuous batching, paged KV cache) over an artifact.
 
@@ -116,7 +145,7 @@ class KerasVllmEngine:
         self.manifest = manifest
 
     @classmethod
-    def from_export(cls, path, verbose="auto", **engine_kwargs):
+    def from_export(cls, path, verbose="auto", preset=None, **engine_kwargs):
         """Starts a vLLM engine on a keras-vllm artifact.
 
         The artifact is verified first (checksums, manifest, consistency of
@@ -135,6 +164,10 @@ class KerasVllmEngine:
             verbose: `"auto"` draws progress lines on a terminal (not in CI);
                 `True` prints the phases and all of vLLM's logs; `False`
                 prints neither.
+            preset: where a delta artifact's preset is loaded from, instead
+                of the handle its manifest records (e.g. a copy on an
+                offline host); its files must hash to the recorded values.
+                Defaults to `KERAS_VLLM_PRESET`, else the recorded handle.
             **engine_kwargs: passed to `vllm.LLM`.
 
         Returns:
@@ -144,7 +177,7 @@ class KerasVllmEngine:
 
         from keras_vllm.load import keras_loader
         from keras_vllm.load.opening import open_verified
-        
+
         path = os.path.abspath(os.fspath(path))
         with progress.verbosity(verbose):
             # Everything the engine process would refuse is refused here, in
@@ -155,10 +188,13 @@ class KerasVllmEngine:
             with progress.phase("checking the artifact"):
                 opened.validate()
                 kwargs = serving_defaults(path, manifest, engine_kwargs)
-                keras_loader.preflight(path, manifest)
+                preset = _resolve_preset(preset)
+                keras_loader.preflight(path, manifest, preset)
             _choose_process_start_method()
             loud = verbose is True or envs.verbose()
-            with logs.serving_logs(loud), progress.phase(
+            with logs.serving_logs(loud), _preset_for_engine(
+                preset
+            ), progress.phase(
                 "starting the vLLM engine (load, compile, warm up)", live=not loud
             ):
                 import vllm

@@ -181,6 +181,15 @@ MAX_PARAMETERS = Variable(
     "format/configs.py",
     _positive(int),
 )
+PRESET = Variable(
+    "KERAS_VLLM_PRESET",
+    "a preset handle or local preset directory",
+    None,
+    "Where a delta artifact's preset is loaded from instead of the handle "
+    "its manifest records (its files must still hash to the recorded "
+    "values); for plain `vllm serve`, set by `keras-vllm serve --preset`.",
+    "load/vllm_model.py; set by engine.py and cli.py",
+)
 
 # Other tools' variables that keras-vllm reads or sets a default for.
 JAX_PLATFORMS = Variable(
@@ -303,6 +312,11 @@ def progress():
 def engine_progress():
     """`"lines"` when vLLM's engine process prints its phases, else None."""
     return ENGINE_PROGRESS.get()
+
+
+def preset():
+    """The preset override for the serving model, or None."""
+    return PRESET.get()
 
 
 def max_parameters():

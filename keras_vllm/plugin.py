@@ -52,6 +52,7 @@ def register():
 
     register_model(fmt.ARCHITECTURE, KerasVllmForCausalLM)
     _default_tokenizer_mode_for_artifacts()
+    _serve_stored_dtype()
 
 
 def _is_artifact(path):
@@ -97,3 +98,60 @@ def _default_tokenizer_mode_for_artifacts():
     resolve._keras_vllm = True
     registry.resolve_tokenizer_args = resolve
     registry.cached_resolve_tokenizer_args = functools.lru_cache(resolve)
+
+
+def _serve_stored_dtype():
+    """Makes `dtype="auto"` serve an artifact in the dtype it stores.
+
+    vLLM 0.32 downcasts float32 models to bfloat16 under "auto"
+    (`vllm.config.model._get_and_verify_dtype`, pinned 0.32.0), so plain
+    `vllm serve ARTIFACT` of a float32 export would no longer match
+    `generate()` token for token. For keras-vllm artifacts only, "auto"
+    becomes the stored dtype (said once); an explicit other dtype is served
+    as asked, with one line saying greedy output may then differ.
+    """
+    import functools
+    import logging
+
+    from vllm.config import model as model_config
+    from vllm.transformers_utils.model_arch_config_convertor import (
+        ModelArchConfigConvertorBase,
+    )
+
+    from keras_vllm import format as fmt
+
+    original = model_config._get_and_verify_dtype
+    if getattr(original, "_keras_vllm", False):
+        return
+    logger = logging.getLogger("keras_vllm")
+
+    @functools.wraps(original)
+    def get_and_verify_dtype(model_id, config, dtype, **kwargs):
+        if getattr(config, "model_type", None) != fmt.MODEL_TYPE:
+            return original(model_id, config, dtype, **kwargs)
+        stored = ModelArchConfigConvertorBase.get_torch_dtype(
+            config,
+            model_id,
+            revision=kwargs.get("revision"),
+            config_format=kwargs.get("config_format", "hf"),
+        )
+        stored_name = str(stored).removeprefix("torch.")
+        if isinstance(dtype, str) and dtype.lower() == "auto":
+            logger.info(
+                "keras-vllm: serving the artifact's stored dtype %s "
+                "(--dtype changes it).",
+                stored_name,
+            )
+            dtype = stored
+        resolved = original(model_id, config, dtype, **kwargs)
+        if resolved != stored:
+            logger.warning(
+                "keras-vllm: serving in %s an artifact stored in %s; greedy "
+                "output may differ from CausalLM.generate().",
+                str(resolved).removeprefix("torch."),
+                stored_name,
+            )
+        return resolved
+
+    get_and_verify_dtype._keras_vllm = True
+    model_config._get_and_verify_dtype = get_and_verify_dtype

@@ -27,7 +27,9 @@ def _preset_file(handle, name, for_engine=False):
     except Exception as e:  # keras-hub raises many types for a bad handle
         if for_engine:
             how = (
-                "copy the preset directory to that path on this machine"
+                "copy the preset directory to this machine and pass its path "
+                "(`--preset DIR` on the command line, `preset=` in Python, "
+                "`KERAS_VLLM_PRESET=DIR` for plain `vllm serve`)"
                 if not _is_remote(handle)
                 else "warm keras-hub's cache on this machine with "
                 f"`keras_hub.models.Backbone.from_preset('{handle}')` where "
@@ -42,7 +44,8 @@ def _preset_file(handle, name, for_engine=False):
             hint = (
                 "On a machine without network access, copy the preset "
                 "directory to this machine and pass its path (e.g. "
-                "`load_causal_lm(path, preset='/models/my_preset')`), or warm "
+                "`load_causal_lm(path, preset='/models/my_preset')`, or "
+                "`--preset DIR` on the command line), or warm "
                 "keras-hub's cache with "
                 "`keras_hub.models.Backbone.from_preset(handle)` where the "
                 "network exists, or export with `weights='full'`."

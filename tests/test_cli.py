@@ -102,3 +102,35 @@ def test_serve_command_uses_artifact_defaults(exported):
     assert command[1:3] == ["serve", os.path.abspath(exported)]
     assert "--tokenizer-mode" in command and "keras_vllm" in command
     assert command[-2:] == ["--port", "8123"]
+
+
+def test_relative_preset_export_verifies_anywhere_and_preset_overrides(
+    preset, tmp_path
+):
+    import shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copytree(preset, work / "tiny")
+    out = str(tmp_path / "delta")
+    result = subprocess.run(
+        CLI + ["export", "tiny", out, "--sampler", "greedy"],
+        capture_output=True, text=True, timeout=600, cwd=work,
+    )
+    assert result.returncode == 0, result.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run(
+        CLI + ["verify", out], capture_output=True, text=True, timeout=600,
+        cwd=elsewhere,
+    )
+    assert result.returncode == 0, result.stderr
+    # The serving host keeps its copy of the preset somewhere else.
+    moved = str(tmp_path / "models" / "tiny")
+    shutil.move(str(work / "tiny"), moved)
+    result = _run("verify", out)
+    assert result.returncode == 3
+    assert "--preset" in result.stderr
+    result = _run("verify", out, "--preset", moved)
+    assert result.returncode == 0, result.stderr
+    assert "golden (keras)  ok" in result.stdout

@@ -59,3 +59,53 @@ def test_both_plugins_register_their_own_names():
         timeout=600,
     )
     assert "PLUGINS OK" in result.stdout, result.stderr[-4000:]
+
+
+DTYPE_SCRIPT = textwrap.dedent(
+    """
+    import json, logging, os, sys, tempfile
+    import torch
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    from transformers import AutoConfig
+    from vllm.config import model as model_config
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("keras_vllm").addHandler(handler)
+    logging.getLogger("keras_vllm").setLevel(logging.INFO)
+
+    def resolve(directory, dtype):
+        config = AutoConfig.from_pretrained(directory)
+        return model_config._get_and_verify_dtype(
+            directory, config, dtype, is_pooling_model=False
+        )
+
+    directory = tempfile.mkdtemp()
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump({"model_type": "keras_vllm", "torch_dtype": "float32",
+                   "architectures": ["KerasVllmForCausalLM"]}, f)
+    assert resolve(directory, "auto") == torch.float32
+    assert any("stored dtype float32" in r for r in records), records
+    assert resolve(directory, "bfloat16") == torch.bfloat16
+    assert any("may differ from CausalLM.generate()" in r for r in records)
+
+    other = tempfile.mkdtemp()
+    with open(os.path.join(other, "config.json"), "w") as f:
+        json.dump({"model_type": "llama", "torch_dtype": "float32"}, f)
+    # Other models keep vLLM's own rule (float32 is downcast).
+    assert resolve(other, "auto") != torch.float32
+    print("DTYPE OK")
+    """
+)
+
+
+def test_plain_vllm_serves_the_stored_dtype():
+    result = subprocess.run(
+        [sys.executable, "-c", DTYPE_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert "DTYPE OK" in result.stdout, result.stderr[-4000:]

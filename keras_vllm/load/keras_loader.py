@@ -225,7 +225,7 @@ def load_tokenizer(path, manifest=None):
     return tokenizer
 
 
-def preflight(path, manifest):
+def preflight(path, manifest, preset=None):
     """The checks `KerasVllmEngine.from_export` runs before vLLM starts.
 
     Resolves every class against the allowlist, checks that a referenced
@@ -237,8 +237,10 @@ def preflight(path, manifest):
     """
     resolve_classes(manifest)
     if manifest["weights"]["mode"] != "full":
-        preset = manifest["preset"]
-        presets.check_available(preset["handle"], sorted(preset["files"]))
+        recorded = manifest["preset"]
+        presets.check_available(
+            preset or recorded["handle"], sorted(recorded["files"])
+        )
     load_tokenizer(path, manifest)
 
 

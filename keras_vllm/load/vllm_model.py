@@ -54,7 +54,10 @@ class KerasVllmForCausalLM(nnx.Module):
         with progress.verbosity("lines" if lines else False):
             manifest = open_verified(self.artifact_path, verbose="auto").manifest
             backbone = build_backbone(
-                self.artifact_path, manifest, dtype=self.dtype_name
+                self.artifact_path,
+                manifest,
+                dtype=self.dtype_name,
+                preset=envs.preset(),
             )
         self.attention_layers = len(swap_in_paged_layers(backbone))
         self.backbone = backbone
