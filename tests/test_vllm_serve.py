@@ -9,8 +9,8 @@ pytest.importorskip("tpu_inference")
 requests = pytest.importorskip("requests")
 pytestmark = pytest.mark.serving
 
-from conftest import trained  # noqa: E402
-from http_server import running_server  # noqa: E402
+from helpers.trained_models import trained  # noqa: E402
+from helpers.http_server import running_server  # noqa: E402
 from keras_vllm import reference  # noqa: E402
 from keras_vllm import testing  # noqa: E402
 

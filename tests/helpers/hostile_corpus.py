@@ -12,7 +12,7 @@ a deliberately crafted artifact.
 
 Run as a script to write a corpus:
 
-    python tests/hostile_corpus.py GOOD_ARTIFACT OUT_DIR
+    python tests/helpers/hostile_corpus.py GOOD_ARTIFACT OUT_DIR
 """
 
 import hashlib
