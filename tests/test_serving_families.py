@@ -1,7 +1,8 @@
 """Every served family on vLLM (CPU backend) equals KerasHub, token for token.
 
-One engine per family (vLLM's default multiprocess mode and scheduling),
-torn down before the next family starts.
+One engine per family (vLLM's default multiprocess mode and scheduling,
+sized to the checks by `helpers.engine_shapes`), torn down before the next
+family starts.
 """
 
 import pytest
