@@ -1,8 +1,8 @@
 """Checks shared by the per-family serving test modules.
 
 Each module starts one engine (vLLM's default multiprocess mode, default
-scheduling) on a fine-tuned tiny model's artifact and compares it with
-`CausalLM.generate()` and with the full forward pass.
+scheduling, sized by `engine_shapes`) on a fine-tuned tiny model's artifact
+and compares it with `CausalLM.generate()` and with the full forward pass.
 """
 
 import numpy as np
