@@ -1,6 +1,5 @@
-"""Shared fixtures: tiny models built offline, trained once per session."""
+"""Session-wide fixtures and settings; shared helpers live in `helpers/`."""
 
-import functools
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -9,23 +8,28 @@ os.environ.setdefault("KERAS_NNX_ENABLED", "true")
 import pytest  # noqa: E402
 
 
-@functools.lru_cache(maxsize=None)
-def trained_model(family, **overrides):
-    """A tiny fine-tuned CausalLM of `family`, built once per session."""
-    from keras_vllm import testing
+@pytest.fixture(scope="session", autouse=True)
+def compile_cache(tmp_path_factory):
+    """One persistent XLA compile cache for every engine of the session.
 
-    causal_lm = testing.build_tiny_causal_lm(family, **overrides)
-    testing.fine_tune(causal_lm)
-    return causal_lm
-
-
-def trained(family, **overrides):
-    # Lists (e.g. rope factors) become tuples so the cache can key on them.
-    frozen = {
-        key: tuple(value) if isinstance(value, list) else value
-        for key, value in sorted(overrides.items())
-    }
-    return trained_model(family, **frozen)
+    Engines whose programs match (the same family and sizes, or the
+    sampling and logits programs of families with equal vocabularies) load
+    them instead of compiling them again. Set in the environment, so that
+    vLLM's spawned engine processes and the CLI subprocesses inherit it. JAX
+    skips programs that compile in under a second by default, which on CPU
+    is nearly all of them. A cache directory set by the caller is kept.
+    """
+    directory = os.environ.get("VLLM_XLA_CACHE_PATH") or str(
+        tmp_path_factory.mktemp("xla_cache")
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_XLA_CACHE_PATH", directory)
+        # The same directory from the start of each engine process, so that
+        # programs compiled before tpu-inference sets it are cached too.
+        patch.setenv("JAX_COMPILATION_CACHE_DIR", directory)
+        patch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        patch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+        yield directory
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import trained
+from helpers.trained_models import trained
 from keras_vllm import testing
 
 CLI = [os.path.join(os.path.dirname(sys.executable), "keras-vllm")]

@@ -13,8 +13,8 @@ import sys
 import pytest
 import requests
 
-from conftest import trained
-from http_server import running_server
+from helpers.trained_models import trained
+from helpers.http_server import running_server
 from keras_vllm import format as fmt
 from keras_vllm import testing
 

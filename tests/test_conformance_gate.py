@@ -4,7 +4,7 @@ backbone whose attention class has no paged subclass, naming the class."""
 import pytest
 
 import keras_vllm
-from conftest import trained
+from helpers.trained_models import trained
 from keras_vllm.layers import registry
 from keras_vllm.layers import swap
 

@@ -14,7 +14,7 @@ from keras_vllm.load.keras_loader import check_golden
 from keras_vllm.layers.swap import find_attention_layers
 from keras_vllm.layers.swap import paged_class_for
 
-from conftest import trained
+from helpers.trained_models import trained
 
 
 def _servable(causal_lm):

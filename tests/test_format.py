@@ -9,7 +9,7 @@ import pytest
 import keras_vllm
 from keras_vllm import format as fmt
 
-from conftest import trained
+from helpers.trained_models import trained
 
 
 @pytest.fixture(scope="module")

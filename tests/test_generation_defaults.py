@@ -7,7 +7,7 @@ import warnings
 import keras_hub
 import pytest
 
-from conftest import trained
+from helpers.trained_models import trained
 from keras_vllm import format as fmt
 
 

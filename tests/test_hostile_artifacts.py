@@ -18,7 +18,7 @@ import keras_vllm
 from keras_vllm import format as fmt
 from keras_vllm import testing
 
-import hostile_corpus
+from helpers import hostile_corpus
 
 CASE_TIMEOUT_S = 120
 

@@ -1,7 +1,8 @@
 """Every served family on vLLM (CPU backend) equals KerasHub, token for token.
 
-One engine per family (vLLM's default multiprocess mode and scheduling),
-torn down before the next family starts.
+One engine per family (vLLM's default multiprocess mode and scheduling,
+sized to the checks by `helpers.engine_shapes`), torn down before the next
+family starts.
 """
 
 import pytest
@@ -9,45 +10,17 @@ import pytest
 pytest.importorskip("tpu_inference")
 pytestmark = pytest.mark.serving
 
-import serving_checks  # noqa: E402
-from conftest import trained  # noqa: E402
+from helpers import serving_checks  # noqa: E402
+from helpers import trained_models  # noqa: E402
+from helpers.trained_models import trained  # noqa: E402
 from keras_vllm import reference  # noqa: E402
 from keras_vllm import testing  # noqa: E402
 
-# Families with a paged subclass, and the tiny-config variants that exercise
-# their mechanics (rope scaling, windows shorter than the prompts).
-SERVED = {
-    "llama3": testing.LLAMA3_1_ROPE_SCALING,
-    "llama": {},
-    "gemma": {},
-    "gemma2": {},
-    # Six layers reach the first global (1M-wavelength RoPE) layer.
-    "gemma3": {"num_layers": 6},
-    "gpt2": {},
-    "gpt_neo_x": {},
-    "falcon": {},
-    "bloom": {},
-    "opt": {},
-    # The tiny Mistral and Mixtral use a 16-token window, shorter than the
-    # longest prompts.
-    "mistral": {},
-    "mixtral": {},
-    "qwen": {},
-    "qwen3": {},
-    "qwen_moe": {},
-    "qwen3_moe": {},
-    # "su" (LongRoPE) rotary. With a pretraining length of 48, the short
-    # prompts and their 32 new tokens stay within it (short factors) and the
-    # 63- and 67-token prompts exceed it from the start (long factors); a
-    # sequence that crosses it while decoding has no single Keras reference
-    # (generate() picks the prefill's factors by its padded max_length).
-    # Factor lists become tuples: `trained()` caches on the overrides.
-    "phi3": {
-        key: tuple(value) if isinstance(value, list) else value
-        for key, value in testing.PHI3_SU_ROPE_SCALING.items()
-    }
-    | {"pretraining_sequence_length": 48},
-}
+# Every family, each in its tested tiny variant (`trained_models.VARIANTS`:
+# rope scaling, windows shorter than the prompts, Gemma 3's global layer,
+# Phi-3's "su" RoPE). The tiny Mistral and Mixtral use a 16-token window,
+# shorter than the longest prompts.
+SERVED = sorted(trained_models.VARIANTS)
 
 
 # Where greedy expectations come from, when not `generate()`. KerasHub's
@@ -57,10 +30,10 @@ SERVED = {
 REFERENCE = {"gpt_neo_x": reference.greedy_by_forward_pass}
 
 
-@pytest.fixture(scope="module", params=sorted(SERVED))
+@pytest.fixture(scope="module", params=SERVED)
 def served(request, tmp_path_factory):
     family = request.param
-    model = trained(family, **SERVED[family])
+    model = trained(family)
     engine = serving_checks.start_engine(
         model, tmp_path_factory.mktemp(family) / "artifact"
     )

@@ -1,11 +1,10 @@
 """Tests for `keras_vllm.testing`, the offline tiny-model fixtures.
 
-Each family's model is built and fine-tuned once (a module-scoped fixture)
-and shared by the tests that need it.
+Each family's model is built and fine-tuned once per session
+(`helpers.trained_models`) and shared by the tests that need it.
 """
 
 import os
-import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("KERAS_NNX_ENABLED", "true")
@@ -15,6 +14,7 @@ import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from helpers import trained_models  # noqa: E402
 from keras_vllm import testing  # noqa: E402
 
 # Includes a leading space, doubled and trailing whitespace, tabs, newlines,
@@ -40,19 +40,17 @@ def _sample_inputs(causal_lm):
 
 @pytest.fixture(scope="module", params=testing.FAMILIES)
 def trained(request):
-    """A fine-tuned tiny model of each family, built once per module."""
+    """Each family's session-wide fine-tuned tiny model (shared with the
+    export and serving tests, so fine-tuned once per session)."""
     family = request.param
-    start = time.perf_counter()
-    causal_lm = testing.build_tiny_causal_lm(family)
-    built = time.perf_counter()
-    losses = testing.fine_tune(causal_lm)
-    TIMINGS[family] = (built - start, time.perf_counter() - built)
+    run = trained_models.training_run(family)
+    TIMINGS[family] = (run.build_seconds, run.fine_tune_seconds)
     print(
         f"\n[{family}] build {TIMINGS[family][0]:.1f}s, "
         f"fine_tune {TIMINGS[family][1]:.1f}s, "
-        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+        f"loss {run.losses[0]:.3f} -> {run.losses[-1]:.3f}"
     )
-    return family, causal_lm, losses
+    return family, run.causal_lm, run.losses
 
 
 def test_families():

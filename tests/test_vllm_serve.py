@@ -9,8 +9,9 @@ pytest.importorskip("tpu_inference")
 requests = pytest.importorskip("requests")
 pytestmark = pytest.mark.serving
 
-from conftest import trained  # noqa: E402
-from http_server import running_server  # noqa: E402
+from helpers import engine_shapes  # noqa: E402
+from helpers.http_server import running_server  # noqa: E402
+from helpers.trained_models import trained  # noqa: E402
 from keras_vllm import reference  # noqa: E402
 from keras_vllm import testing  # noqa: E402
 
@@ -37,7 +38,9 @@ def server(model, tmp_path_factory):
     vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
     log_path = tmp_path_factory.mktemp("serve_log") / "server.log"
     with running_server(
-        [vllm, "serve", path, "--max-num-seqs", "16"], log_path, timeout=400
+        [vllm, "serve", path, *engine_shapes.SERVE_ARGS],
+        log_path,
+        timeout=400,
     ) as url:
         yield url, path
 

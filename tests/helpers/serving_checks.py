@@ -1,13 +1,14 @@
 """Checks shared by the per-family serving test modules.
 
 Each module starts one engine (vLLM's default multiprocess mode, default
-scheduling) on a fine-tuned tiny model's artifact and compares it with
-`CausalLM.generate()` and with the full forward pass.
+scheduling, sized by `engine_shapes`) on a fine-tuned tiny model's artifact
+and compares it with `CausalLM.generate()` and with the full forward pass.
 """
 
 import numpy as np
 import pytest
 
+from helpers import engine_shapes
 from keras_vllm import reference
 from keras_vllm import testing
 
@@ -25,6 +26,8 @@ def serving_prompts():
 
 
 def start_engine(causal_lm, directory, **engine_kwargs):
+    """Exports `causal_lm` and starts an engine sized to the serving checks
+    (`engine_shapes.ENGINE_KWARGS`, unless `engine_kwargs` say otherwise)."""
     import keras_vllm
 
     path = causal_lm.export_vllm(
@@ -32,7 +35,9 @@ def start_engine(causal_lm, directory, **engine_kwargs):
         max_sequence_length=256,
         golden_prompts=testing.prompts()[:2],
     )
-    return keras_vllm.KerasVllmEngine.from_export(path, **engine_kwargs)
+    return keras_vllm.KerasVllmEngine.from_export(
+        path, **(engine_shapes.ENGINE_KWARGS | engine_kwargs)
+    )
 
 
 def check_greedy_matches_generate(

@@ -1,0 +1,87 @@
+"""Tiny fine-tuned models, one fine-tune per family configuration per session.
+
+Every test module asks for its model here, so the serving, export, CLI and
+fixture tests of a family share one fine-tune: a model is keyed on its full
+backbone configuration (the family's variant below plus any overrides), so
+two spellings of the same configuration are also one model.
+"""
+
+import time
+import types
+
+from keras_vllm import testing
+
+# The tiny configuration each family is tested in: the default tiny model
+# unless a variant exercises more of the family's mechanics.
+VARIANTS = {family: {} for family in testing.FAMILIES} | {
+    # Six layers reach Gemma 3's first global (1M-wavelength RoPE) layer.
+    "gemma3": {"num_layers": 6},
+    # "su" (LongRoPE) rotary. With a pretraining length of 48, the short
+    # serving prompts and their 32 new tokens stay within it (short factors)
+    # and the 63- and 67-token prompts exceed it from the start (long
+    # factors); a sequence that crosses it while decoding has no single
+    # Keras reference (generate() picks the prefill's factors by its padded
+    # max_length).
+    "phi3": testing.PHI3_SU_ROPE_SCALING | {"pretraining_sequence_length": 48},
+}
+
+_RUNS = {}
+
+
+def _frozen(value):
+    """A hashable copy of a config value (factor lists become tuples)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
+
+
+def _overrides(family, overrides):
+    config = dict(VARIANTS[family], **overrides)
+    # Tuples, not lists: equal configurations give equal cache keys.
+    return {key: _frozen(value) for key, value in config.items()}
+
+
+def training_run(family, **overrides):
+    """The fine-tune of `family`'s tiny model, run once per session.
+
+    Args:
+        family: string. One of `keras_vllm.testing.FAMILIES`.
+        **overrides: backbone arguments on top of the family's `VARIANTS`
+            entry.
+
+    Returns:
+        A namespace with `causal_lm`, `losses` (one per step),
+        `build_seconds` and `fine_tune_seconds` (of the first call).
+    """
+    overrides = _overrides(family, overrides)
+    key = (family, _frozen(testing.backbone_config(family, **overrides)))
+    if key not in _RUNS:
+        start = time.perf_counter()
+        causal_lm = testing.build_tiny_causal_lm(family, **overrides)
+        built = time.perf_counter()
+        losses = testing.fine_tune(causal_lm)
+        _RUNS[key] = types.SimpleNamespace(
+            causal_lm=causal_lm,
+            losses=losses,
+            build_seconds=built - start,
+            fine_tune_seconds=time.perf_counter() - built,
+        )
+    return _RUNS[key]
+
+
+def trained(family, **overrides):
+    """A tiny fine-tuned CausalLM of `family`, shared by the whole session.
+
+    Tests must not change the returned model (other modules reuse it);
+    export it, call it, or copy its preset instead.
+
+    Example:
+
+    ```python
+    causal_lm = trained("gpt2")
+    path = causal_lm.export_vllm(tmp_path / "artifact")
+    ```
+    """
+    return training_run(family, **overrides).causal_lm
