@@ -90,34 +90,12 @@ def _verbose(args):
 
 
 def _engine_golden(path, manifest, args):
-    from keras_vllm import format as fmt
     from keras_vllm.engine import KerasVllmEngine
 
-    golden = fmt.read_json(fmt.safe_join(path, fmt.GOLDEN_FILE))
-    from vllm import SamplingParams
-
-    stops = manifest["stop_token_ids"]
-    params = SamplingParams(
-        temperature=0.0,
-        max_tokens=golden["max_new_tokens"],
-        stop_token_ids=stops,
-        skip_special_tokens=False,
-    )
-    records = golden["outputs"]
     with KerasVllmEngine.from_export(
         path, verbose=_verbose(args), preset=args.preset
     ) as engine:
-        outputs = engine.generate(
-            [{"prompt_token_ids": r["prompt_ids"]} for r in records],
-            params,
-            use_tqdm=False,
-        )
-    failures = []
-    for record, output in zip(records, outputs):
-        got = list(output.outputs[0].token_ids)
-        if got != record["output_ids"]:
-            failures.append((record["prompt"], record["output_ids"], got))
-    return failures
+        return engine.check_golden()
 
 
 def serve_command(path, extra):

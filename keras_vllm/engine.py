@@ -231,6 +231,40 @@ class KerasVllmEngine:
     def __exit__(self, *exc_info):
         self.shutdown()
 
+    def check_golden(self):
+        """Replays the artifact's golden prompts through this engine.
+
+        The golden outputs were recorded at export with the reference the
+        manifest names (`golden_reference`), greedy, up to the first stop
+        token; `keras-vllm verify --engine` runs this.
+
+        Returns:
+            A list of `(prompt, expected_ids, served_ids)` for mismatches
+            (empty when the engine reproduces every recorded output).
+        """
+        from vllm import SamplingParams
+
+        opened = fmt.open_artifact(self.path, verify=False)
+        golden = opened.read_json(fmt.GOLDEN_FILE)
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=golden["max_new_tokens"],
+            stop_token_ids=self.manifest["stop_token_ids"],
+            skip_special_tokens=False,
+        )
+        records = golden["outputs"]
+        outputs = self.generate(
+            [{"prompt_token_ids": r["prompt_ids"]} for r in records],
+            params,
+            use_tqdm=False,
+        )
+        return [
+            (record["prompt"], record["output_ids"], served)
+            for record, output in zip(records, outputs)
+            if (served := list(output.outputs[0].token_ids))
+            != record["output_ids"]
+        ]
+
     def generate(self, prompts, sampling_params=None, **kwargs):
         """Generates completions; see `vllm.LLM.generate`.
 

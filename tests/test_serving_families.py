@@ -64,5 +64,13 @@ def test_default_sampling_follows_exported_sampler(served):
     )
 
 
+def test_golden_outputs_replay_on_the_engine(served):
+    """What `keras-vllm verify --engine` checks, for every family: the
+    golden outputs export recorded (with the family's declared reference,
+    the forward pass for GPT-NeoX) are what the engine serves."""
+    _, _, engine = served
+    assert engine.check_golden() == []
+
+
 def test_every_family_is_served():
     assert set(SERVED) == set(testing.FAMILIES)
