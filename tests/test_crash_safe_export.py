@@ -64,7 +64,7 @@ import json, os, sys, signal, threading
 import keras_vllm  # imports keras/keras-hub; JAX is not started
 from keras_vllm import format as fmt
 from keras_vllm import weights as weight_io
-from keras_vllm.export import exporter, staging
+from keras_vllm.export import sections, staging
 from keras_vllm.engine import _jax_started
 assert not _jax_started()
 print("ZYGOTE READY", flush=True)
@@ -96,9 +96,9 @@ def hook(module, name, point, when="before", match=None):
 def install(point):
     is_file = lambda name: (lambda path, *a: str(path).endswith(name))
     if point == "staging_created":
-        hook(exporter, "_tokenizer_section", point)
+        hook(sections, "tokenizer_section", point)
     elif point == "tokenizer_written":
-        hook(exporter, "_tokenizer_section", point, "after")
+        hook(sections, "tokenizer_section", point, "after")
     elif point == "weights_start":
         hook(weight_io, "save_weights", point)
     elif point == "weights_mid":
@@ -109,7 +109,7 @@ def install(point):
         hook(artifact, "write_json", point, "after",
              is_file(fmt.GENERATION_CONFIG_FILE))
     elif point == "golden_running":
-        hook(exporter, "_golden", point, "during")
+        hook(sections, "golden", point, "during")
     elif point == "manifest_written":
         hook(artifact, "write_json", point, "after",
              is_file(fmt.MANIFEST_FILE))

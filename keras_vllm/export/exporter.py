@@ -1,19 +1,18 @@
 """`export_vllm()`: a fine-tuned KerasHub `CausalLM` -> an artifact on disk."""
 
-import json
 import logging
 import os
 
 import numpy as np
 
 from keras_vllm import format as fmt
-from keras_vllm import classes
 from keras_vllm import presets
 from keras_vllm import progress
 from keras_vllm import reference
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
+from keras_vllm.export import sections
 from keras_vllm.export import staging
 from keras_vllm.export.kv_layout import kv_layout
 
@@ -25,42 +24,6 @@ DEFAULT_GOLDEN_PROMPTS = (
     "What is the answer?",
     "one two three",
 )
-TOKENIZER_PROBES = ("Hello world!", "héllo wörld 日本 🙂", "  tabs\tand\nlines ")
-
-
-def _versions():
-    import jax
-    import keras
-    import keras_hub
-
-    from keras_vllm.version import __version__
-
-    return {
-        "keras_vllm": __version__,
-        "keras": keras.__version__,
-        "keras_hub": keras_hub.__version__,
-        "jax": jax.__version__,
-    }
-
-
-def _serialize(obj, role):
-    name = classes.check_exportable(obj, role)
-    config = obj.get_config()
-    if role == "preprocessor":
-        config = {k: v for k, v in config.items() if k != "tokenizer"}
-    # Round-trip through JSON so non-JSON values fail here, not at load.
-    try:
-        config = json.loads(json.dumps(config))
-    except TypeError as e:
-        raise UnsupportedModelError(
-            f"The {role} config is not JSON-serializable ({e})."
-        ) from None
-    return {
-        "class_name": type(obj).__name__,
-        "registered_name": name,
-        "module": type(obj).__module__,
-        "config": config,
-    }
 
 
 def _check_model(causal_lm):
@@ -147,68 +110,6 @@ def _delta_against_preset(backbone, weights, handle):
         for (path, value), (_, base_value) in zip(weights.items(), base_weights)
         if not np.array_equal(value, base_value)
     }
-
-
-def _tokenizer_section(tokenizer, directory):
-    assets = os.path.join(directory, fmt.TOKENIZER_ASSETS_DIR)
-    os.makedirs(assets)
-    tokenizer.save_assets(assets)
-    section = _serialize(tokenizer, "tokenizer")
-    fmt.write_json(
-        os.path.join(directory, fmt.TOKENIZER_CONFIG_FILE), section
-    )
-    fingerprint = fmt.tokenizer_fingerprint(
-        {
-            name: fmt.sha256_file(os.path.join(assets, name))
-            for name in os.listdir(assets)
-        },
-        section["config"],
-    )
-    probes = []
-    for text in TOKENIZER_PROBES:
-        ids = [int(i) for i in np.asarray(tokenizer.tokenize(text)).reshape(-1)]
-        probes.append(
-            {"text": text, "ids": ids, "decoded": tokenizer.detokenize(ids)}
-        )
-    section.update(
-        {
-            "fingerprint": fingerprint,
-            "golden": probes,
-            "assets": sorted(os.listdir(assets)),
-            "start_token_id": _maybe_int(tokenizer, "start_token_id"),
-            "end_token_id": _maybe_int(tokenizer, "end_token_id"),
-            "pad_token_id": _maybe_int(tokenizer, "pad_token_id"),
-        }
-    )
-    return section
-
-
-def _maybe_int(obj, attr):
-    value = getattr(obj, attr, None)
-    return None if value is None else int(value)
-
-
-def _golden_reference(causal_lm, servable):
-    if not servable:
-        return "generate"
-    from keras_vllm.layers.swap import golden_reference
-
-    return golden_reference(causal_lm.backbone)
-
-
-def _golden(causal_lm, prompts, max_new_tokens, stop_token_ids, greedy):
-    outputs = []
-    with progress.phase(
-        "recording golden outputs", total=len(prompts), unit="prompts"
-    ) as phase:
-        for text in prompts:
-            ids = reference.prompt_token_ids(causal_lm, text)
-            new = greedy(causal_lm, ids, max_new_tokens, stop_token_ids)
-            outputs.append(
-                {"prompt": text, "prompt_ids": ids, "output_ids": new}
-            )
-            phase.advance()
-    return {"max_new_tokens": max_new_tokens, "outputs": outputs}
 
 
 def _max_sequence_length(causal_lm, requested):
@@ -303,13 +204,13 @@ def _export(
     backbone = causal_lm.backbone
     preprocessor = causal_lm.preprocessor
     tokenizer = preprocessor.tokenizer
-    sections = {
-        "backbone": _serialize(backbone, "backbone"),
-        "causal_lm": _serialize(causal_lm, "causal_lm"),
-        "preprocessor": _serialize(preprocessor, "preprocessor"),
-        "sampler": _serialize(causal_lm.sampler, "sampler"),
+    serialized = {
+        "backbone": sections.serialize(backbone, "backbone"),
+        "causal_lm": sections.serialize(causal_lm, "causal_lm"),
+        "preprocessor": sections.serialize(preprocessor, "preprocessor"),
+        "sampler": sections.serialize(causal_lm.sampler, "sampler"),
     }
-    sections["causal_lm"]["config"] = {}
+    serialized["causal_lm"]["config"] = {}
     dtype = _dtype_name(backbone)
     handle = _preset_handle(causal_lm, preset)
     if weights in ("delta", "preset") and handle is None:
@@ -341,7 +242,7 @@ def _export(
                 "`allow_unservable=True`."
             ) from None
         config, unservable = None, str(e)
-    golden_ref = _golden_reference(causal_lm, unservable is None)
+    golden_ref = sections.golden_reference(causal_lm, unservable is None)
 
     with progress.phase("collecting weights", unit="variables") as phase:
         all_weights = weight_io.backbone_weights(backbone)
@@ -371,7 +272,7 @@ def _export(
         stored, mode = all_weights, "full"
 
     with staging.staged_directory(target, overwrite) as tmp:
-        sections["tokenizer"] = _tokenizer_section(tokenizer, tmp)
+        serialized["tokenizer"] = sections.tokenizer_section(tokenizer, tmp)
         if stored:
             with progress.phase("writing weights", unit="bytes") as phase:
                 weight_io.save_weights(
@@ -382,7 +283,7 @@ def _export(
             fmt.write_json(
                 os.path.join(tmp, fmt.CONFIG_FILE), config
             )
-        sampler = sections["sampler"]
+        sampler = serialized["sampler"]
         gen_config, sampler_mapped = fmt.vllm_files.generation_config(
             sampler["registered_name"],
             sampler["config"],
@@ -404,7 +305,7 @@ def _export(
                 f.write(chat_template)
         fmt.write_json(
             os.path.join(tmp, fmt.GOLDEN_FILE),
-            _golden(
+            sections.golden(
                 causal_lm,
                 golden_prompts,
                 golden_max_new_tokens,
@@ -415,7 +316,7 @@ def _export(
         with progress.phase("writing checksums", unit="bytes") as phase:
             files = fmt.file_table(tmp, on_bytes=phase.advance)
         manifest = fmt.new_manifest(
-            written_by=_versions(),
+            written_by=sections.versions(),
             preset=preset_section,
             dtype=dtype,
             stop_token_ids=stop_ids,
@@ -439,7 +340,7 @@ def _export(
                 "bytes": int(sum(v.nbytes for v in stored.values())),
                 "total_variables": len(all_weights),
             },
-            sections=sections,
+            sections=serialized,
             files=files,
             golden_reference=golden_ref,
         )

@@ -8,32 +8,15 @@ soft-cap lives in the backbone's `ReversibleEmbedding` and so is applied by
 the backbone's own head.
 """
 
-import math
-
 from keras_hub.src.models.gemma.gemma_attention import CachedGemmaAttention
 
-from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import PagedAttention
+from keras_vllm.layers.gemma_attention import GemmaPagedAttention
 from keras_vllm.layers.registry import register_paged
 
 
-def _sliding_window(layer):
-    if layer.use_sliding_window_attention:
-        return int(layer.sliding_window_size)
-    return None
-
-
 @register_paged(CachedGemmaAttention)
-class PagedGemmaAttention(CachedGemmaAttention, PagedAttention):
+class PagedGemmaAttention(CachedGemmaAttention, GemmaPagedAttention):
     """`CachedGemmaAttention` over vLLM's paged KV cache."""
-
-    def kv_cache_spec(self):
-        return KVCacheSpec(
-            num_query_heads=self.num_query_heads,
-            num_kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            sliding_window=_sliding_window(self),
-        )
 
     def call(
         self,
@@ -46,18 +29,6 @@ class PagedGemmaAttention(CachedGemmaAttention, PagedAttention):
         positions = self.serving_positions()
         query = self._apply_rope(self.query_dense(x), 0, positions=positions)
         key = self._apply_rope(self.key_dense(x), 0, positions=positions)
-        value = self.value_dense(x)
-        if self.query_head_dim_normalize:
-            scale = 1.0 / math.sqrt(self.head_dim)
-        else:
-            scale = 1.0 / math.sqrt(self.hidden_dim // self.num_query_heads)
-        out = self.paged_attend(
-            query,
-            key,
-            value,
-            sm_scale=scale,
-            sliding_window=_sliding_window(self),
-            soft_cap=self.logit_soft_cap,
-        )
+        out = self.gemma_attend(query, key, self.value_dense(x))
         out = self.output_dense(out)
         return (out, cache) if cache is not None else out

@@ -13,24 +13,15 @@ The bidirectional sliding window of embedding models is not causal
 generation and is refused.
 """
 
-import math
-
 from keras_hub.src.models.gemma3.gemma3_attention import CachedGemma3Attention
 
 from keras_vllm.errors import UnsupportedModelError
-from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import PagedAttention
+from keras_vllm.layers.gemma_attention import GemmaPagedAttention
 from keras_vllm.layers.registry import register_paged
 
 
-def _sliding_window(layer):
-    if layer.use_sliding_window_attention:
-        return int(layer.sliding_window_size)
-    return None
-
-
 @register_paged(CachedGemma3Attention)
-class PagedGemma3Attention(CachedGemma3Attention, PagedAttention):
+class PagedGemma3Attention(CachedGemma3Attention, GemmaPagedAttention):
     """`CachedGemma3Attention` over vLLM's paged KV cache."""
 
     def kv_cache_spec(self):
@@ -40,12 +31,7 @@ class PagedGemma3Attention(CachedGemma3Attention, PagedAttention):
                 "is not a causal language model and cannot be served for "
                 "generation."
             )
-        return KVCacheSpec(
-            num_query_heads=self.num_query_heads,
-            num_kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            sliding_window=_sliding_window(self),
-        )
+        return GemmaPagedAttention.kv_cache_spec(self)
 
     def call(
         self,
@@ -64,18 +50,6 @@ class PagedGemma3Attention(CachedGemma3Attention, PagedAttention):
             key = self.key_norm(key)
         query = self.rope_layer(query, positions=positions)
         key = self.rope_layer(key, positions=positions)
-        value = self.value_dense(x)
-        if self.query_head_dim_normalize:
-            scale = 1.0 / math.sqrt(self.head_dim)
-        else:
-            scale = 1.0 / math.sqrt(self.hidden_dim // self.num_query_heads)
-        out = self.paged_attend(
-            query,
-            key,
-            value,
-            sm_scale=scale,
-            sliding_window=_sliding_window(self),
-            soft_cap=self.logit_soft_cap,
-        )
+        out = self.gemma_attend(query, key, self.value_dense(x))
         out = self.output_dense(out)
         return (out, cache) if cache is not None else out

@@ -1,0 +1,117 @@
+"""The manifest sections an export computes from the live model.
+
+Each serialized Keras object (backbone, causal LM, preprocessor, tokenizer,
+sampler), the tokenizer's native assets with their fingerprint and
+encode/decode probes, and the golden outputs recorded with the family's
+declared reference. `exporter.py` assembles them into an artifact.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from keras_vllm import classes
+from keras_vllm import format as fmt
+from keras_vllm import progress
+from keras_vllm import reference
+from keras_vllm.errors import UnsupportedModelError
+
+TOKENIZER_PROBES = ("Hello world!", "héllo wörld 日本 🙂", "  tabs\tand\nlines ")
+
+
+def versions():
+    import jax
+    import keras
+    import keras_hub
+
+    from keras_vllm.version import __version__
+
+    return {
+        "keras_vllm": __version__,
+        "keras": keras.__version__,
+        "keras_hub": keras_hub.__version__,
+        "jax": jax.__version__,
+    }
+
+
+def serialize(obj, role):
+    name = classes.check_exportable(obj, role)
+    config = obj.get_config()
+    if role == "preprocessor":
+        config = {k: v for k, v in config.items() if k != "tokenizer"}
+    # Round-trip through JSON so non-JSON values fail here, not at load.
+    try:
+        config = json.loads(json.dumps(config))
+    except TypeError as e:
+        raise UnsupportedModelError(
+            f"The {role} config is not JSON-serializable ({e})."
+        ) from None
+    return {
+        "class_name": type(obj).__name__,
+        "registered_name": name,
+        "module": type(obj).__module__,
+        "config": config,
+    }
+
+
+def tokenizer_section(tokenizer, directory):
+    assets = os.path.join(directory, fmt.TOKENIZER_ASSETS_DIR)
+    os.makedirs(assets)
+    tokenizer.save_assets(assets)
+    section = serialize(tokenizer, "tokenizer")
+    fmt.write_json(
+        os.path.join(directory, fmt.TOKENIZER_CONFIG_FILE), section
+    )
+    fingerprint = fmt.tokenizer_fingerprint(
+        {
+            name: fmt.sha256_file(os.path.join(assets, name))
+            for name in os.listdir(assets)
+        },
+        section["config"],
+    )
+    probes = []
+    for text in TOKENIZER_PROBES:
+        ids = [int(i) for i in np.asarray(tokenizer.tokenize(text)).reshape(-1)]
+        probes.append(
+            {"text": text, "ids": ids, "decoded": tokenizer.detokenize(ids)}
+        )
+    section.update(
+        {
+            "fingerprint": fingerprint,
+            "golden": probes,
+            "assets": sorted(os.listdir(assets)),
+            "start_token_id": _maybe_int(tokenizer, "start_token_id"),
+            "end_token_id": _maybe_int(tokenizer, "end_token_id"),
+            "pad_token_id": _maybe_int(tokenizer, "pad_token_id"),
+        }
+    )
+    return section
+
+
+def _maybe_int(obj, attr):
+    value = getattr(obj, attr, None)
+    return None if value is None else int(value)
+
+
+def golden_reference(causal_lm, servable):
+    if not servable:
+        return "generate"
+    from keras_vllm.layers.swap import golden_reference
+
+    return golden_reference(causal_lm.backbone)
+
+
+def golden(causal_lm, prompts, max_new_tokens, stop_token_ids, greedy):
+    outputs = []
+    with progress.phase(
+        "recording golden outputs", total=len(prompts), unit="prompts"
+    ) as phase:
+        for text in prompts:
+            ids = reference.prompt_token_ids(causal_lm, text)
+            new = greedy(causal_lm, ids, max_new_tokens, stop_token_ids)
+            outputs.append(
+                {"prompt": text, "prompt_ids": ids, "output_ids": new}
+            )
+            phase.advance()
+    return {"max_new_tokens": max_new_tokens, "outputs": outputs}
