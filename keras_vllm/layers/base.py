@@ -31,7 +31,9 @@ class PagedAttention:
     (`class PagedX(X, PagedAttention)`: with the mixin first, CPython
     refuses to re-class an existing instance) and implements:
 
-    - `kv_cache_spec(self) -> KVCacheSpec`;
+    - `kv_cache_spec(self) -> KVCacheSpec` (also called as
+      `PagedX.kv_cache_spec(layer)` on the KerasHub layer before it is
+      swapped, to size vLLM's cache: it may read only the parent's state);
     - `call(...)` with the parent's signature: project with the parent's
       own sublayers, apply positions at `self.serving_positions()`, and
       attend with `self.paged_attend(...)`.

@@ -15,6 +15,13 @@ from keras_vllm.layers.base import KVCacheSpec
 from keras_vllm.layers.base import PagedAttention
 
 
+def _window(layer):
+    """The layer's window in tokens, or None for global attention."""
+    if layer.use_sliding_window_attention:
+        return int(layer.sliding_window_size)
+    return None
+
+
 class GemmaPagedAttention(PagedAttention):
     """Mixin: `PagedAttention` with Gemma's scale, soft cap and window.
 
@@ -25,18 +32,14 @@ class GemmaPagedAttention(PagedAttention):
 
     __slots__ = ()
 
-    def serving_window(self):
-        """The layer's window in tokens, or None for global attention."""
-        if self.use_sliding_window_attention:
-            return int(self.sliding_window_size)
-        return None
-
     def kv_cache_spec(self):
+        # Called on the KerasHub layer before it is swapped (to size vLLM's
+        # cache), so it uses no other method of this mixin.
         return KVCacheSpec(
             num_query_heads=self.num_query_heads,
             num_kv_heads=self.num_key_value_heads,
             head_dim=self.head_dim,
-            sliding_window=self.serving_window(),
+            sliding_window=_window(self),
         )
 
     def gemma_attend(self, query, key, value):
@@ -50,6 +53,6 @@ class GemmaPagedAttention(PagedAttention):
             key,
             value,
             sm_scale=scale,
-            sliding_window=self.serving_window(),
+            sliding_window=_window(self),
             soft_cap=self.logit_soft_cap,
         )
