@@ -126,7 +126,25 @@ def serve_command(path, extra):
     return command + list(extra)
 
 
+def _take_option(argv, name):
+    """Removes `name VALUE` / `name=VALUE` from `argv`; returns the value."""
+    value = None
+    rest = []
+    items = iter(argv)
+    for item in items:
+        if item == name:
+            value = next(items, None)
+        elif item.startswith(name + "="):
+            value = item.split("=", 1)[1]
+        else:
+            rest.append(item)
+    argv[:] = rest
+    return value
+
+
 def _serve(args):
+    # `--preset` may follow the artifact, among vLLM's own options.
+    args.preset = _take_option(args.vllm_args, "--preset") or args.preset
     command = serve_command(args.artifact, args.vllm_args)
     if args.preset is not None:
         _use_preset(args.artifact, args.preset)

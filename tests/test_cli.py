@@ -134,3 +134,21 @@ def test_relative_preset_export_verifies_anywhere_and_preset_overrides(
     result = _run("verify", out, "--preset", moved)
     assert result.returncode == 0, result.stderr
     assert "golden (keras)  ok" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--preset", "/models/p", "art", "--port", "1"],
+        ["serve", "art", "--preset", "/models/p", "--port", "1"],
+        ["serve", "art", "--port", "1", "--preset=/models/p"],
+    ],
+)
+def test_serve_takes_preset_before_or_after_the_artifact(argv):
+    from keras_vllm.cli import _take_option
+    from keras_vllm.cli import build_parser
+
+    args, _ = build_parser().parse_known_args(argv)
+    preset = _take_option(args.vllm_args, "--preset") or args.preset
+    assert preset == "/models/p"
+    assert args.vllm_args == ["--port", "1"]
