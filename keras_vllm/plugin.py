@@ -29,6 +29,7 @@ def register():
     from keras_vllm import logs
 
     logs.show_info_when_verbose()
+    logs.drop_gloo_connected_lines()
     envs.KERAS_BACKEND.setdefault(envs.KERAS_BACKEND.default)
     from keras_vllm.cpu import detect
 
