@@ -61,7 +61,7 @@ FALSE_ALARMS = {
     # that says how to add one).
     "vllm.renderers.base": (r"Chat template warmup failed.*NoChatTemplateError",),
     "vllm.renderers.hf": (
-        r"Chat template rejected the request: The keras-vllm artifact at "
+        r"Chat template rejected the request: The keras-vllm artifact "
         r".* has no chat template",
     ),
     # keras-vllm writes `temperature` for greedy samplers on purpose: vLLM
