@@ -30,6 +30,9 @@ def exported(preset, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli_out") / "artifact"
     result = _run("export", preset, str(out), "--sampler", "greedy")
     assert result.returncode == 0, result.stderr
+    # It says which weights it stored: none differ from the preset here.
+    assert "weights  preset: 0 of " in result.stdout, result.stdout
+    assert " variables, 0 B" in result.stdout
     return str(out)
 
 
