@@ -17,6 +17,11 @@ import os
 
 def platform_plugin():
     """Returns tpu-inference's platform class path on a CPU-only host."""
+    # vLLM resolves its platform while importing, well before it loads
+    # general plugins: the earliest point to refuse `vllm serve BAD_DIR`.
+    from keras_vllm import serve_refusals
+
+    serve_refusals.refuse_unservable_directory()
     from keras_vllm.cpu import detect
 
     return detect.platform_class_path()
