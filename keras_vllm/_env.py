@@ -6,8 +6,13 @@ JAX (vLLM forks after plugins load, and a JAX runtime started before a fork
 aborts the child).
 """
 
+import os
+
 from keras_vllm import envs
 from keras_vllm import logs
+
+# Where an NVIDIA driver shows itself (the files JAX checks too).
+_NVIDIA_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia")
 
 
 def configure_environment():
@@ -22,6 +27,28 @@ def configure_environment():
 
     if is_cpu_host():
         envs.JAX_PLATFORMS.setdefault("cpu")
+    if not envs.verbose():
+        quiet_tensorflow()
+
+
+def quiet_tensorflow():
+    """Stops TensorFlow's start-up lines at their source, unless the user
+    set the variables.
+
+    keras-hub imports TensorFlow (its tokenizers build TF lookup tables),
+    and TensorFlow 2.21 prints through absl before any Python logging
+    exists: "oneDNN custom operations are on" (only `TF_ENABLE_ONEDNN_OPTS=0`
+    stops it; keras-vllm computes in JAX, so TF's oneDNN kernels are
+    unused), CPU-feature INFO lines (`TF_CPP_MIN_LOG_LEVEL=1`, which JAX
+    sets as well) and, on a host without a CUDA driver, "failed call to
+    cuInit ... (303)" when TF first lists its devices
+    (`TF_ENABLED_DEVICE_TYPES=CPU`; set only where no NVIDIA GPU exists, so
+    TensorFlow never loses a GPU it could use). Errors still show.
+    """
+    envs.TF_ENABLE_ONEDNN_OPTS.setdefault("0")
+    envs.TF_CPP_MIN_LOG_LEVEL.setdefault("1")
+    if not any(os.path.exists(path) for path in _NVIDIA_DEVICE_FILES):
+        envs.TF_ENABLED_DEVICE_TYPES.setdefault("CPU")
 
 
 configure_environment()

@@ -39,7 +39,11 @@ def _export(args):
         overwrite=args.overwrite,
         chat_template=args.chat_template,
     )
+    from keras_vllm import format as fmt
+    from keras_vllm.inspect_artifact import weights_line
+
     print(f"exported {path}")
+    print(f"weights  {weights_line(fmt.open_artifact(path).manifest)}")
     return EXIT_OK
 
 

@@ -263,6 +263,30 @@ TRANSFORMERS_VERBOSITY = Variable(
     "logs.py",
 )
 
+TF_ENABLE_ONEDNN_OPTS = Variable(
+    "TF_ENABLE_ONEDNN_OPTS",
+    "TensorFlow's flag",
+    None,
+    "Defaulted to 0 unless verbose: TensorFlow (imported by keras-hub for "
+    "tokenizers only) then skips its oneDNN and absl start-up lines.",
+    "_env.py",
+)
+TF_CPP_MIN_LOG_LEVEL = Variable(
+    "TF_CPP_MIN_LOG_LEVEL",
+    "0-3",
+    None,
+    "Defaulted to 1 unless verbose (as JAX does): no TensorFlow INFO lines.",
+    "_env.py",
+)
+TF_ENABLED_DEVICE_TYPES = Variable(
+    "TF_ENABLED_DEVICE_TYPES",
+    "TensorFlow device types, comma-separated",
+    None,
+    "Defaulted to CPU unless verbose on hosts without an NVIDIA GPU: "
+    "TensorFlow then does not call cuInit (its 'failed call to cuInit' line).",
+    "_env.py",
+)
+
 VARIABLES = (
     DEVICE,
     CPU_MEMORY_GB,
@@ -271,6 +295,7 @@ VARIABLES = (
     PROGRESS,
     ENGINE_PROGRESS,
     MAX_PARAMETERS,
+    PRESET,
     JAX_PLATFORMS,
     TPU_USING_PATHWAYS,
     TPU_ACCELERATOR_TYPE,
@@ -281,6 +306,9 @@ VARIABLES = (
     WORKER_MULTIPROC_METHOD,
     LOGGING_LEVEL,
     TRANSFORMERS_VERBOSITY,
+    TF_ENABLE_ONEDNN_OPTS,
+    TF_CPP_MIN_LOG_LEVEL,
+    TF_ENABLED_DEVICE_TYPES,
 )
 
 

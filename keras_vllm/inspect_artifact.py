@@ -12,9 +12,19 @@ def _size(n):
         n /= 1024
 
 
+def weights_line(manifest):
+    """Which weights an artifact stores, e.g. "delta: 3 of 36 variables,
+    1.2 KiB" (printed by `keras-vllm export` and `inspect`)."""
+    weights = manifest["weights"]
+    return (
+        f"{weights['mode']}: {len(weights['variables'])} of "
+        f"{weights.get('total_variables', '?')} variables, "
+        f"{_size(weights.get('bytes', 0))}"
+    )
+
+
 def summary(path, manifest):
     """Returns a multi-line summary of a validated manifest."""
-    weights = manifest["weights"]
     preset = manifest.get("preset")
     files = manifest["files"]
     family = manifest["backbone"]["class_name"].removesuffix("Backbone")
@@ -26,9 +36,7 @@ def summary(path, manifest):
         f"parameters      {manifest.get('parameter_count', 0):,}",
         f"dtype           {manifest['dtype']}",
         f"preset          {preset['handle'] if preset else '(none)'}",
-        f"weights         {weights['mode']}: {len(weights['variables'])} of "
-        f"{weights.get('total_variables', '?')} variables, "
-        f"{_size(weights.get('bytes', 0))}",
+        f"weights         {weights_line(manifest)}",
         f"tokenizer       {manifest['tokenizer']['class_name']}",
         f"sampler         {manifest['sampler']['class_name']} "
         f"{manifest['sampler']['config']}",

@@ -15,9 +15,12 @@ Two levels, both undone by `KERAS_VLLM_VERBOSE=1`:
 """
 
 import contextlib
+import functools
 import logging
 import os
 import re
+import sys
+import tempfile
 
 from keras_vllm import envs
 
@@ -58,7 +61,7 @@ FALSE_ALARMS = {
     # that says how to add one).
     "vllm.renderers.base": (r"Chat template warmup failed.*NoChatTemplateError",),
     "vllm.renderers.hf": (
-        r"Chat template rejected the request: The keras-vllm artifact at "
+        r"Chat template rejected the request: The keras-vllm artifact "
         r".* has no chat template",
     ),
     # keras-vllm writes `temperature` for greedy samplers on purpose: vLLM
@@ -169,3 +172,75 @@ def show_info_when_verbose():
     handler.setFormatter(logging.Formatter("%(message)s"))
     target.addHandler(handler)
     target.setLevel(logging.INFO)
+
+
+# Gloo prints this to stdout (std::cout, no setting turns it off) for every
+# process group it connects; vLLM makes one per parallel dimension.
+_GLOO_CONNECTED = re.compile(
+    rb"\[Gloo\] Rank \d+ is connected to (\d+) peer ranks\. Expected "
+    rb"number of connected peer ranks is : (\d+)\s*"
+)
+
+
+@contextlib.contextmanager
+def _without_gloo_connected_lines():
+    """Captures file descriptor 1 while a Gloo group connects and writes
+    back everything but Gloo's "all peers connected" lines (a missing peer's
+    line, and anything else printed meanwhile, still shows)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 1)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            captured.seek(0)
+            kept = b"".join(
+                line
+                for line in captured.read().splitlines(keepends=True)
+                if not _gloo_all_connected(line)
+            )
+            if kept:
+                os.write(1, kept)
+
+
+def _gloo_all_connected(line):
+    match = _GLOO_CONNECTED.fullmatch(line)
+    return match is not None and match.group(1) == match.group(2)
+
+
+def drop_gloo_connected_lines():
+    """Keeps Gloo's "Rank 0 is connected to 0 peer ranks" lines (seven per
+    engine start) out of the output unless verbose was requested.
+
+    Wraps `torch.distributed.init_process_group` and `new_group` for the
+    Gloo backend only, the way vLLM already wraps its own CPU groups
+    (`vllm.utils.system_utils.suppress_stdout`, pinned 0.32.0), but keeping
+    every other line. Safe to call more than once.
+    """
+    if envs.verbose():
+        return
+    import torch.distributed as dist
+
+    for name in ("init_process_group", "new_group"):
+        original = getattr(dist, name)
+        if getattr(original, "_keras_vllm", False):
+            continue
+
+        @functools.wraps(original)
+        def quiet(*args, _original=original, **kwargs):
+            backend = kwargs.get("backend")
+            if backend is None and args and _original.__name__ == (
+                "init_process_group"
+            ):
+                backend = args[0]
+            if str(backend).lower() != "gloo":
+                return _original(*args, **kwargs)
+            with _without_gloo_connected_lines():
+                return _original(*args, **kwargs)
+
+        quiet._keras_vllm = True
+        setattr(dist, name, quiet)

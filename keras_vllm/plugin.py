@@ -17,6 +17,11 @@ import os
 
 def platform_plugin():
     """Returns tpu-inference's platform class path on a CPU-only host."""
+    # vLLM resolves its platform while importing, well before it loads
+    # general plugins: the earliest point to refuse `vllm serve BAD_DIR`.
+    from keras_vllm import serve_refusals
+
+    serve_refusals.refuse_unservable_directory()
     from keras_vllm.cpu import detect
 
     return detect.platform_class_path()
@@ -29,6 +34,10 @@ def register():
     from keras_vllm import logs
 
     logs.show_info_when_verbose()
+    from keras_vllm import serve_refusals
+
+    serve_refusals.refuse_unservable_directory()
+    logs.drop_gloo_connected_lines()
     envs.KERAS_BACKEND.setdefault(envs.KERAS_BACKEND.default)
     from keras_vllm.cpu import detect
 
@@ -53,6 +62,7 @@ def register():
     register_model(fmt.ARCHITECTURE, KerasVllmForCausalLM)
     _default_tokenizer_mode_for_artifacts()
     _serve_stored_dtype()
+    _no_system_first_probe_without_template()
 
 
 def _is_artifact(path):
@@ -155,3 +165,49 @@ def _serve_stored_dtype():
 
     get_and_verify_dtype._keras_vllm = True
     model_config._get_and_verify_dtype = get_and_verify_dtype
+
+
+def _no_system_first_probe_without_template():
+    """Skips vLLM's chat-template probe for artifacts without a template.
+
+    vLLM 0.32's Anthropic endpoint renders a [system, user, system, user]
+    conversation at start-up (`AnthropicServingMessages.
+    _should_merge_inline_system`, pinned 0.32.0) and, when there is no
+    template, warns that "the chat template requires system-first ordering".
+    An artifact exported without a template answers chat requests with a
+    400 that says how to add one, so there is no ordering to warn about;
+    artifacts with a template (and other models) are probed as before.
+    """
+    import sys
+
+    # Only the API server serves that endpoint: other vLLM processes (the
+    # engine's, `LLM`'s) are spared importing it.
+    if not any(
+        name.startswith("vllm.entrypoints.launchers") for name in sys.modules
+    ):
+        return
+    try:
+        from vllm.entrypoints.anthropic import serving
+    except ImportError:  # the endpoint moved: nothing to skip
+        return
+    from keras_vllm.load.vllm_tokenizer import KerasVllmTokenizer
+
+    cls = serving.AnthropicServingMessages
+    original = cls.__dict__.get("_should_merge_inline_system")
+    if original is None or getattr(original, "_keras_vllm", False):
+        return
+    probe = original.__func__
+
+    def should_merge(klass, online_renderer):
+        tokenizer = getattr(online_renderer.renderer, "tokenizer", None)
+        if (
+            isinstance(tokenizer, KerasVllmTokenizer)
+            and tokenizer.chat_template is None
+            and online_renderer.chat_template is None
+        ):
+            return False
+        return probe(klass, online_renderer)
+
+    should_merge = classmethod(should_merge)
+    should_merge._keras_vllm = True
+    cls._should_merge_inline_system = should_merge

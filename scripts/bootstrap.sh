@@ -19,9 +19,19 @@ find_python() {
   return 1
 }
 
+# One line per step (the install takes minutes); pip itself stays quiet.
+step() { echo "keras-vllm: $*"; }
+
 if [ ! -x .venv/bin/python ]; then
-  "$(find_python)" -m venv .venv
+  python="$(find_python)"
+  step "creating .venv with $python"
+  "$python" -m venv .venv
+else
+  step "reusing $(pwd)/.venv"
 fi
+step "upgrading pip"
 .venv/bin/python -m pip install --quiet --upgrade pip
+step "installing keras-vllm[serving,test] (vllm-tpu, JAX, keras-hub, ...;" \
+     "a few minutes the first time)"
 .venv/bin/python -m pip install --quiet -e ".[serving,test]"
 echo "keras-vllm: installed in $(pwd)/.venv"

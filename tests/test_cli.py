@@ -30,6 +30,9 @@ def exported(preset, tmp_path_factory):
     out = tmp_path_factory.mktemp("cli_out") / "artifact"
     result = _run("export", preset, str(out), "--sampler", "greedy")
     assert result.returncode == 0, result.stderr
+    # It says which weights it stored: none differ from the preset here.
+    assert "weights  preset: 0 of " in result.stdout, result.stdout
+    assert " variables, 0 B" in result.stdout
     return str(out)
 
 
@@ -75,9 +78,15 @@ def test_inspect_summarizes(exported, preset):
 
 
 def test_verify_passes_then_detects_corruption(exported, tmp_path):
-    result = _run("verify", exported)
+    result = _run("verify", "-q", exported)
     assert result.returncode == 0, result.stderr
-    assert "golden (keras)  ok" in result.stdout
+    assert result.stdout.splitlines() == [
+        "checksums       ok (6 files)",
+        "golden (keras)  ok",
+    ]
+    # Nothing from TensorFlow, libtpu or JAX's TPU probing with -q.
+    for noise in ("absl::", "oneDNN", "cuInit", "TPU_WORKER_HOSTNAMES"):
+        assert noise not in result.stderr, result.stderr
     import shutil
 
     broken = str(tmp_path / "broken")

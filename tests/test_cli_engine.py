@@ -30,6 +30,13 @@ NOISE = (
     "non-default args",  # vLLM's INFO lines
     "Initializing a V1 LLM engine",
     "Precompile worker",
+    # Printed outside Python logging (TensorFlow, libtpu, Gloo); stopped at
+    # their source unless verbose.
+    "absl::InitializeLog",
+    "oneDNN custom operations",
+    "cuInit",
+    "TPU_WORKER_HOSTNAMES",
+    "[Gloo]",
 )
 
 
@@ -55,7 +62,7 @@ def exported(tmp_path_factory):
 
 def test_verify_engine_replays_golden_outputs_quietly(exported):
     result = subprocess.run(
-        CLI + ["verify", "--engine", exported],
+        CLI + ["verify", "-q", "--engine", exported],
         capture_output=True,
         text=True,
         timeout=900,

@@ -109,3 +109,29 @@ def test_plain_vllm_serves_the_stored_dtype():
         timeout=600,
     )
     assert "DTYPE OK" in result.stdout, result.stderr[-4000:]
+
+
+def test_no_system_first_warning_for_an_artifact_without_template():
+    # vLLM's API server probes the chat template at start-up and warns that
+    # it "requires system-first ordering" when there is none.
+    import types
+
+    import vllm.entrypoints.launchers.api_server.entry  # noqa: F401
+    from vllm.entrypoints.anthropic import serving
+
+    from keras_vllm import plugin
+    from keras_vllm.load.vllm_tokenizer import KerasVllmTokenizer
+
+    plugin._no_system_first_probe_without_template()
+    tokenizer = object.__new__(KerasVllmTokenizer)
+    tokenizer.chat_template = None
+    renderer = types.SimpleNamespace(
+        renderer=types.SimpleNamespace(tokenizer=tokenizer), chat_template=None
+    )
+    probe = serving.AnthropicServingMessages._should_merge_inline_system
+    assert probe(renderer) is False
+    # Anything else is probed as before (no template there: merge).
+    other = types.SimpleNamespace(
+        renderer=types.SimpleNamespace(tokenizer=None), chat_template=None
+    )
+    assert probe(other) is True

@@ -391,6 +391,12 @@ def test_no_chat_template_error(artifacts):
     message = str(info.value)
     assert "has no chat template" in message
     assert "export_vllm(path, chat_template=...)" in message
+    # What an HTTP client reads: vLLM's server hides absolute paths.
+    from vllm.entrypoints.serve.exception_handling.utils import (
+        sanitize_message,
+    )
+
+    assert "<path>" not in sanitize_message(message)
     assert isinstance(info.value, ValueError)
     # A template given by the caller still works.
     assert tok.apply_chat_template(

@@ -9,6 +9,17 @@ or keras_hub.
 
 from keras_vllm.cpu.detect import is_cpu_host
 from keras_vllm.cpu.detect import platform_class_path
-from keras_vllm.cpu.patches import apply_patches
+
+
+def apply_patches():
+    """Makes vllm-tpu / tpu-inference run on JAX CPU devices (see
+    `keras_vllm.cpu.patches.apply_patches`)."""
+    # Imported here, not above: the patches import JAX, and
+    # `keras_vllm._env` imports this package to decide JAX_PLATFORMS before
+    # JAX is first imported (JAX reads it once, at import).
+    from keras_vllm.cpu import patches
+
+    return patches.apply_patches()
+
 
 __all__ = ["apply_patches", "is_cpu_host", "platform_class_path"]

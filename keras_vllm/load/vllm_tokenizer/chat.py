@@ -63,9 +63,16 @@ def read_template(path):
 
 
 def no_template_error(path):
-    """The `NoChatTemplateError` for the artifact at `path`."""
+    """The `NoChatTemplateError` for the artifact at `path`.
+
+    The message names the artifact by its directory's name: vLLM's OpenAI
+    server replaces absolute paths in error messages with a literal
+    `'<path>'` (`vllm.entrypoints.serve.exception_handling.utils`, pinned
+    0.32.0).
+    """
+    name = os.path.basename(os.path.normpath(str(path))) or str(path)
     return NoChatTemplateError(
-        f"The keras-vllm artifact at '{path}' has no chat template, "
+        f"The keras-vllm artifact '{name}' has no chat template, "
         "so chat messages cannot be turned into a prompt. Re-export the "
         "model with one: `causal_lm.export_vllm(path, chat_template=...)` "
         "(Jinja text or a path to a .jinja file, stored as "

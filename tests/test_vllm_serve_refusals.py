@@ -1,0 +1,92 @@
+"""Plain `vllm serve DIR` on a directory keras-vllm cannot serve exits
+with keras-vllm's one-line message, before vLLM reads any model config and
+without starting an engine."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+import keras_vllm
+from conftest import trained
+from keras_vllm import serve_refusals
+from keras_vllm import testing
+
+VLLM = os.path.join(os.path.dirname(sys.executable), "vllm")
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("refusals")
+    preset = str(root / "preset")
+    testing.save_tiny_preset(trained("gpt2"), preset)
+    artifact = str(root / "artifact")
+    keras_vllm.export_vllm(trained("gpt2"), artifact)
+    tampered = str(root / "tampered")
+    shutil.copytree(artifact, tampered)
+    with open(os.path.join(tampered, "golden.json"), "a") as f:
+        f.write(" ")
+    empty = root / "empty"
+    empty.mkdir()
+    return {
+        "empty": str(empty),
+        "preset": preset,
+        "tampered": tampered,
+        "artifact": artifact,
+    }
+
+
+def test_each_kind_of_directory_gets_its_own_message(dirs):
+    assert "is empty" in serve_refusals.refusal(dirs["empty"])
+    preset = serve_refusals.refusal(dirs["preset"])
+    assert "KerasHub preset" in preset
+    assert f"keras-vllm export {dirs['preset']} OUT" in preset
+    assert "manifest.json" not in preset  # not the empty directory's line
+    assert "IntegrityError" in serve_refusals.refusal(dirs["tampered"])
+    assert serve_refusals.refusal(dirs["artifact"]) is None
+
+
+def test_hugging_face_checkpoints_are_left_to_vllm(tmp_path):
+    with open(tmp_path / "config.json", "w") as f:
+        f.write('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
+    assert serve_refusals.refusal(str(tmp_path)) is None
+
+
+@pytest.mark.parametrize(
+    "argv, model",
+    [
+        (["vllm", "serve", "{d}", "--port", "1"], "{d}"),
+        (["/venv/bin/vllm", "serve", "--model={d}"], "{d}"),
+        (["vllm", "serve", "--model", "{d}"], "{d}"),
+        (["vllm", "serve", "Qwen/Qwen3-0.6B"], None),
+        (["vllm", "bench", "{d}"], None),
+        (["python", "serve", "{d}"], None),
+    ],
+)
+def test_model_directory_from_the_command_line(tmp_path, argv, model):
+    argv = [a.replace("{d}", str(tmp_path)) for a in argv]
+    want = model.replace("{d}", str(tmp_path)) if model else None
+    assert serve_refusals.model_directory(argv) == want
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("empty", "is empty"),
+    ("preset", "keras-vllm export"),
+    ("tampered", "IntegrityError"),
+])
+def test_plain_vllm_serve_refuses_within_30_seconds(dirs, kind, says):
+    start = time.monotonic()
+    result = subprocess.run(
+        [VLLM, "serve", dirs[kind], "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    elapsed = time.monotonic() - start
+    assert result.returncode == serve_refusals.EXIT_REFUSED, result.stderr[-3000:]
+    assert says in result.stderr
+    assert "Traceback" not in result.stderr
+    assert elapsed < 30, f"took {elapsed:.0f} s"
