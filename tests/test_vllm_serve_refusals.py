@@ -11,7 +11,7 @@ import time
 import pytest
 
 import keras_vllm
-from conftest import trained
+from helpers.trained_models import trained
 from keras_vllm import serve_refusals
 from keras_vllm import testing
 
