@@ -76,9 +76,19 @@ def test_verify_engine_replays_golden_outputs_quietly(exported):
 def test_serve_answers_with_the_artifact_defaults_quietly(
     exported, tmp_path
 ):
+    # Served from another working directory, with the preset copied where
+    # an offline serving host keeps it (`--preset`, relative to there).
+    import shutil
+
+    recorded = fmt.open_artifact(exported).manifest["preset"]["handle"]
+    copy = tmp_path / "models" / "tiny_gpt2"
+    shutil.copytree(recorded, copy)
     log_path = tmp_path / "serve.log"
     with running_server(
-        CLI + ["serve", exported], log_path, timeout=600
+        CLI + ["serve", exported, "--preset", "models/tiny_gpt2"],
+        log_path,
+        timeout=600,
+        cwd=tmp_path,
     ) as url:
         golden = fmt.read_json(os.path.join(exported, "golden.json"))
         for record in golden["outputs"][:3]:
@@ -101,8 +111,10 @@ def test_serve_answers_with_the_artifact_defaults_quietly(
     assert "vllm serve" in text.splitlines()[0]
     assert "Application startup complete" in text
     # The engine process reports its phases, one plain line each.
-    for phase in ("verifying checksums", "loading preset"):
-        assert re.search(rf"keras-vllm: {phase}[^\n\r]*: done in", text), text
+    for phase in ("verifying checksums", f"loading preset '{copy}'"):
+        assert re.search(
+            rf"keras-vllm: {re.escape(phase)}[^\n\r]*: done in", text
+        ), text
     _quiet(text)
 
 

@@ -17,10 +17,10 @@ def _free_port():
 
 
 @contextlib.contextmanager
-def running_server(command, log_path, timeout):
+def running_server(command, log_path, timeout, cwd=None):
     """Starts `command` on a free loopback port; yields its base URL.
 
-    Output goes to `log_path`. Fails the test, with the log's tail, if the
+    Output goes to `log_path`; the command runs in `cwd` (default: here). Fails the test, with the log's tail, if the
     server exits or is not healthy within `timeout` seconds; stops it on
     exit.
     """
@@ -30,6 +30,7 @@ def running_server(command, log_path, timeout):
             list(command) + ["--host", "127.0.0.1", "--port", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
+            cwd=cwd,
         )
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + timeout
