@@ -106,12 +106,12 @@ def install(point):
     elif point == "weights_done":
         hook(weight_io, "save_weights", point, "after")
     elif point == "config_written":
-        hook(artifact, "write_json", point, "after",
+        hook(fmt, "write_json", point, "after",
              is_file(fmt.GENERATION_CONFIG_FILE))
     elif point == "golden_running":
         hook(sections, "golden", point, "during")
     elif point == "manifest_written":
-        hook(artifact, "write_json", point, "after",
+        hook(fmt, "write_json", point, "after",
              is_file(fmt.MANIFEST_FILE))
     elif point == "fsync":
         hook(staging, "_fsync_tree", point)
