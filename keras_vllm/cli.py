@@ -337,6 +337,9 @@ def main(argv=None):
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(message)s",
     )
+    if args.quiet:
+        # -q: results and errors only (not, e.g., the CPU-backend notice).
+        logging.getLogger("keras_vllm").setLevel(logging.ERROR)
     from keras_vllm import _env  # noqa: F401
     from keras_vllm import logs
     from keras_vllm.errors import KerasVllmError

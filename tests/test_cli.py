@@ -87,6 +87,8 @@ def test_verify_passes_then_detects_corruption(exported, tmp_path):
     # Nothing from TensorFlow, libtpu or JAX's TPU probing with -q.
     for noise in ("absl::", "oneDNN", "cuInit", "TPU_WORKER_HOSTNAMES"):
         assert noise not in result.stderr, result.stderr
+    # -q: results and errors only; keras-vllm's own notices stay quiet too.
+    assert "no TPU found" not in result.stderr, result.stderr
     import shutil
 
     broken = str(tmp_path / "broken")
