@@ -98,13 +98,10 @@ def _choose_process_start_method():
 
 
 def _resolve_preset(preset):
+    from keras_vllm import presets
+
     preset = preset if preset is not None else envs.preset()
-    if preset is None:
-        return None
-    preset = os.fspath(preset)
-    if "://" not in preset and os.path.isdir(preset):
-        return os.path.abspath(preset)
-    return preset
+    return None if preset is None else presets.resolve_handle(preset)
 
 
 @contextlib.contextmanager

@@ -57,6 +57,16 @@ def _preset_file(handle, name, for_engine=False):
         ) from None
 
 
+def resolve_handle(handle):
+    """A preset reference as an artifact records it: a local preset
+    directory as an absolute path (so it resolves from any working
+    directory); hub handles (`kaggle://`, `hf://`, bare names) as given."""
+    handle = os.fspath(handle)
+    if not _is_remote(handle) and os.path.isdir(handle):
+        return os.path.abspath(handle)
+    return handle
+
+
 def _is_remote(handle):
     return "://" in handle
 

@@ -60,13 +60,7 @@ def _preset_handle(causal_lm, preset):
                 break
     if not preset:
         return None
-    preset = os.fspath(preset)
-    # A local preset directory is recorded absolute, so the artifact loads
-    # from any working directory; hub handles (`kaggle://`, `hf://`, bare
-    # preset names) are kept as given.
-    if "://" not in preset and os.path.isdir(preset):
-        return os.path.abspath(preset)
-    return preset
+    return presets.resolve_handle(preset)
 
 
 def _dtype_name(backbone):
