@@ -51,9 +51,9 @@ def _inspect(args):
     from keras_vllm.inspect_artifact import summary
     from keras_vllm.load.opening import open_verified
 
-    manifest = open_verified(
-        args.artifact, verify=not args.no_verify, validate=False
-    ).manifest
+    # Validated too (plain Python, no model is built): inspect is how a
+    # serving team first looks at an artifact it was handed.
+    manifest = open_verified(args.artifact, verify=not args.no_verify).manifest
     print(summary(args.artifact, manifest))
     return EXIT_OK
 

@@ -72,7 +72,7 @@ def _is_artifact(path):
     if not os.path.isfile(manifest):
         return False
     try:
-        return fmt.read_json(manifest).get("format") == fmt.FORMAT_NAME
+        return fmt.read_json(manifest, follow=True).get("format") == fmt.FORMAT_NAME
     except Exception:  # any unreadable manifest is simply not ours
         return False
 

@@ -9,14 +9,17 @@ same base weights.
 
 import os
 
-from keras_vllm.format import sha256_file
+from keras_vllm import format as fmt
 from keras_vllm.errors import IntegrityError
 from keras_vllm.errors import PresetUnavailableError
+from keras_vllm.format import references
+from keras_vllm.format import sha256_file
+from keras_vllm.format import weight_tree
 
 # The files of a KerasHub preset that define a backbone's weights.
-_CONFIG = "config.json"
-_WEIGHTS = "model.weights.h5"
-_SHARDED_WEIGHTS = "model.weights.json"
+_CONFIG = fmt.PRESET_CONFIG_FILE
+_WEIGHTS = fmt.PRESET_WEIGHTS_FILE
+_SHARDED_WEIGHTS = fmt.PRESET_SHARDED_INDEX_FILE
 
 
 def _preset_file(handle, name, for_engine=False):
@@ -83,18 +86,41 @@ def check_available(handle, names):
         _preset_file(handle, name, for_engine=True)
 
 
-def backbone_files(handle):
-    """Lists the preset files that hold the backbone config and weights."""
+def backbone_files(handle, pinned=None):
+    """Lists the preset files that hold the backbone config and weights:
+    those `Backbone.from_preset` reads (`model.weights.h5` when present,
+    else the sharded index and the shards it names).
+
+    Args:
+        handle: the preset.
+        pinned: the names an artifact pins; when given, the sharded index's
+            shards must be exactly the pinned ones.
+    """
     from keras_hub.src.utils.preset_utils import check_file_exists
 
+    # Resolves the handle first: an unknown one fails with how to fix it.
+    _preset_file(handle, _CONFIG)
     files = [_CONFIG]
-    if check_file_exists(handle, _SHARDED_WEIGHTS):
-        import json
-
-        with open(_preset_file(handle, _SHARDED_WEIGHTS)) as f:
-            index = json.load(f)
-        shards = sorted(set(index.get("weight_map", {}).values()))
-        files += [_SHARDED_WEIGHTS] + shards
+    # keras-hub's own order: a single weights file wins over an index.
+    if not check_file_exists(handle, _WEIGHTS) and check_file_exists(
+        handle, _SHARDED_WEIGHTS
+    ):
+        index = fmt.read_json(
+            _preset_file(handle, _SHARDED_WEIGHTS),
+            fmt.MAX_MANIFEST_BYTES,
+            f"{_SHARDED_WEIGHTS} of the preset '{handle}'",
+            follow=True,
+        )
+        if pinned is None:
+            pinned = [
+                v
+                for value in (index.get("weight_map") or {}).values()
+                for v in (value if isinstance(value, list) else [value])
+                if isinstance(v, str)
+            ]
+        files += [_SHARDED_WEIGHTS] + references.check_sharded_index(
+            index, pinned, f"{_SHARDED_WEIGHTS} of '{handle}'"
+        )
     else:
         files.append(_WEIGHTS)
     return files
@@ -108,15 +134,40 @@ def hash_preset(handle):
     }
 
 
-def check_preset(handle, expected):
+def check_preset(handle, expected, backbone=None):
     """Checks that a preset still has the content recorded at export.
+
+    Every file the backbone will read from the preset must be pinned (a
+    `model.weights.h5` beside pinned shards would be read instead of them),
+    be a regular file and hash to the recorded value. With `backbone` (the
+    manifest's backbone section), the preset's config must describe that
+    backbone, and the parameter count it implies must fit the preset's
+    weight files, before anything is built.
 
     Raises:
         PresetUnavailableError: if the preset cannot be resolved.
-        IntegrityError: if a preset file differs from the recorded hash.
+        IntegrityError: if a preset file differs from the recorded hash, or
+            the preset holds another backbone.
+        ArtifactError: if the preset would be read beyond what is pinned.
     """
+    read = set(backbone_files(handle, pinned=sorted(expected)))
+    if read != set(expected):
+        diff = sorted(read ^ set(expected))
+        raise IntegrityError(
+            f"The preset '{handle}' loads through '{diff[0]}', which the "
+            "artifact does not pin (or pins a file the backbone does not "
+            "read): its backbone would not be the one the artifact was "
+            "exported against. Point to the original preset, or re-export "
+            "with `weights='full'`."
+        )
+    weight_bytes = 0
     for name, digest in sorted(expected.items()):
         path = _preset_file(handle, name)
+        size = fmt.files.regular_file_size(
+            path, f"Preset file '{name}' of '{handle}'"
+        )
+        if name != _CONFIG and name != _SHARDED_WEIGHTS:
+            weight_bytes += size
         if sha256_file(path) != digest:
             raise IntegrityError(
                 f"Preset file '{name}' of '{handle}' differs from the one "
@@ -124,6 +175,37 @@ def check_preset(handle, expected):
                 "are not the same. Point to the original preset, or "
                 "re-export with `weights='full'`."
             )
+    if backbone is not None:
+        _check_preset_config(handle, backbone, weight_bytes)
+
+
+def _check_preset_config(handle, backbone, weight_bytes):
+    """The (pinned) preset config describes the manifest's backbone."""
+    config = fmt.read_json(
+        _preset_file(handle, _CONFIG),
+        fmt.MAX_SMALL_JSON_BYTES,
+        f"{_CONFIG} of the preset '{handle}'",
+        follow=True,
+    )
+    strip = lambda c: {k: v for k, v in c.items() if k not in ("dtype", "name")}
+    if not (
+        isinstance(config, dict)
+        and config.get("registered_name") == backbone["registered_name"]
+        and isinstance(config.get("config"), dict)
+        and strip(config["config"]) == strip(backbone["config"])
+    ):
+        raise IntegrityError(
+            f"The preset '{handle}' holds a different backbone than the one "
+            "this artifact was exported from (its config.json differs from "
+            "the manifest's backbone). Point to the original preset, or "
+            "re-export with `weights='full'`."
+        )
+    fmt.configs.check_config_values(config["config"], "preset config")
+    weight_tree.check_preset_size(
+        fmt.configs.estimate_parameters(backbone["config"]),
+        weight_bytes,
+        handle,
+    )
 
 
 def describe(handle):

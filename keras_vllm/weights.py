@@ -40,30 +40,99 @@ def canonical_path(path):
     `mixtral_sparse_moe_block_3`, numbered by how many were built before in
     the process, so the same variable can have another path in another
     process. Stripping trailing `_<n>` from every component gives a name to
-    check a match by position against.
+    compare a model with its preset by (the export side; loading checks
+    paths more strictly, with `VariableMatcher`).
     """
     return "/".join(re.sub(r"(_\d+)+$", "", part) for part in path.split("/"))
 
 
-def match_variable(variables, path, index):
-    """The variable at `index` of `ordered_variables`, checked against `path`.
+def auto_named_layers(backbone):
+    """Names of the backbone's layers that Keras numbered itself.
 
-    Raises:
-        ArtifactError: if the position is out of range or holds another
-            variable.
+    A layer built without a name is called after its class in snake case,
+    numbered by how many such layers the process built before
+    (`einsum_dense`, `einsum_dense_3`); KerasHub's own names
+    (`transformer_layer_0`, `ffw_gating_2`) are not of that form.
     """
-    if not isinstance(index, int) or not 0 <= index < len(variables):
-        raise ArtifactError(
-            f"Variable '{path}' has index {index!r}, outside the backbone's "
-            f"{len(variables)} variables."
-        )
-    variable = variables[index]
-    if canonical_path(variable.path) != canonical_path(path):
-        raise ArtifactError(
-            f"The artifact stores variable '{path}' at position {index}, "
-            f"where the rebuilt backbone has '{variable.path}'."
-        )
-    return variable
+    from keras.src.utils.naming import to_snake_case
+
+    names = set()
+    for layer in backbone._flatten_layers(include_self=False, recursive=True):
+        base = re.escape(to_snake_case(type(layer).__name__))
+        if re.fullmatch(base + r"(_\d+)?", layer.name):
+            names.add(layer.name)
+    return names
+
+
+def _auto_base(name):
+    return re.sub(r"_\d+$", "", name)
+
+
+class VariableMatcher:
+    """Matches manifest entries to the rebuilt backbone's variables.
+
+    By position (`index` into `ordered_variables`), checked against the
+    recorded path: components must be equal, except the name of a layer
+    Keras numbered itself, which may carry another number, but one number
+    per layer: within one parent, an artifact's name maps to exactly one
+    rebuilt layer and back.
+
+    Example:
+
+    ```python
+    matcher = VariableMatcher(backbone, ordered_variables(backbone))
+    variable = matcher.match("transformer_layer_0/.../kernel", 3)
+    ```
+    """
+
+    def __init__(self, backbone, ordered):
+        self.ordered = ordered
+        self.auto = auto_named_layers(backbone)
+        self._to_target = {}
+        self._to_artifact = {}
+
+    def match(self, path, index):
+        """The variable at `index`, checked against `path`.
+
+        Raises:
+            ArtifactError: if the position is out of range or holds another
+                variable.
+        """
+        variables = self.ordered
+        if not isinstance(index, int) or not 0 <= index < len(variables):
+            raise ArtifactError(
+                f"Variable '{path}' has index {index!r}, outside the "
+                f"backbone's {len(variables)} variables."
+            )
+        variable = variables[index]
+        recorded = path.split("/")
+        actual = variable.path.split("/")
+        mismatch = len(recorded) != len(actual)
+        for i, (a, t) in enumerate(zip(recorded, actual)):
+            if mismatch:
+                break
+            if t in self.auto:
+                parent = "/".join(actual[:i])
+                if _auto_base(a) != _auto_base(t):
+                    mismatch = True
+                elif self._to_target.setdefault((parent, a), t) != t or (
+                    self._to_artifact.setdefault((parent, t), a) != a
+                ):
+                    raise ArtifactError(
+                        f"The artifact numbers the layer '{parent}/{t}' "
+                        "inconsistently (two recorded names for one layer, "
+                        f"or one name for two, e.g. '{path}' at position "
+                        f"{index}). The manifest was altered; re-export the "
+                        "model."
+                    )
+            elif a != t:
+                mismatch = True
+        if mismatch:
+            raise ArtifactError(
+                f"The artifact stores variable '{path}' at position {index}, "
+                f"where the rebuilt backbone has '{variable.path}'."
+            )
+        return variable
 
 
 def backbone_weights(backbone):
@@ -123,6 +192,58 @@ def save_weights(directory, weights):
         raise
 
 
+def stored_arrays(directory):
+    """`{path: (shape, dtype name)}` from orbax's own checkpoint metadata
+    (the array metadata it wrote beside the data), read without restoring
+    any array."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    try:
+        metadata = ocp.PyTreeCheckpointer().metadata(directory)
+        tree = getattr(metadata, "item_metadata", metadata)
+        tree = getattr(tree, "tree", tree)
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {
+            "/".join(str(getattr(k, "key", k)) for k in key): (
+                tuple(leaf.shape),
+                str(np.dtype(leaf.dtype)),
+            )
+            for key, leaf in leaves
+        }
+    except Exception as e:  # orbax/tensorstore raise many types
+        raise ArtifactError(
+            f"The weights checkpoint's metadata could not be read "
+            f"({type(e).__name__}: {str(e)[:300]}). The artifact is damaged; "
+            "re-export it."
+        ) from None
+
+
+def _check_stored_arrays(directory, specs):
+    """Each recorded shape and dtype is the one orbax stored: a differing
+    record is refused, never cast or reshaped into place."""
+    stored = stored_arrays(directory)
+    for path, (shape, dtype) in sorted(specs.items()):
+        if path not in stored:
+            raise ArtifactError(f"Weights checkpoint lacks variable '{path}'.")
+        if stored[path] != (tuple(shape), str(np.dtype(dtype_of(dtype)))):
+            raise ArtifactError(
+                f"Variable '{path}' is recorded in the manifest as "
+                f"{dtype}{list(shape)}, but the weights checkpoint stores "
+                f"{stored[path][1]}{list(stored[path][0])}. The manifest or "
+                "the checkpoint was altered; re-export the model."
+            )
+
+
+def dtype_of(name):
+    """The numpy dtype of a manifest dtype name (bfloat16 via ml_dtypes)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
 def restore_weights(directory, specs):
     """Reads the weights listed in `specs` from an orbax checkpoint.
 
@@ -136,6 +257,7 @@ def restore_weights(directory, specs):
     import jax
     import orbax.checkpoint as ocp
 
+    _check_stored_arrays(directory, specs)
     sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     target = {
         path: jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)

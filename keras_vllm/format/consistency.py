@@ -15,11 +15,14 @@ import re
 
 from keras_vllm.errors import IntegrityError
 from keras_vllm.format import configs
+from keras_vllm.format import references
 from keras_vllm.format import vllm_files
+from keras_vllm.format import weight_tree
 from keras_vllm.format.checks import check_id_list
 from keras_vllm.format.checks import check_token_id
 from keras_vllm.format.checks import fail
 from keras_vllm.format.checks import is_int
+from keras_vllm.format.files import read_bytes
 from keras_vllm.format.files import read_json
 from keras_vllm.format.files import safe_join
 from keras_vllm.format.manifest import tokenizer_fingerprint
@@ -29,6 +32,8 @@ from keras_vllm.format.names import GENERATION_CONFIG_FILE
 from keras_vllm.format.names import GOLDEN_FILE
 from keras_vllm.format.names import MAX_CHAT_TEMPLATE_BYTES
 from keras_vllm.format.names import MAX_GOLDEN_RECORDS
+from keras_vllm.format.names import MAX_GOLDEN_STEPS
+from keras_vllm.format.names import MAX_PROBE_CHARS
 from keras_vllm.format.names import TOKENIZER_ASSETS_DIR
 from keras_vllm.format.names import TOKENIZER_CONFIG_FILE
 from keras_vllm.format.names import WEIGHTS_DIR
@@ -38,6 +43,10 @@ _WEIGHT_FILE = re.compile(
     r"(_METADATA|_CHECKPOINT_METADATA|_sharding|commit_success\.txt"
     r"|descriptor/descriptor\.pbtxt|array_metadatas/process_\d{1,6}"
     r"|(ocdbt\.process_\d{1,6}/)?(manifest\.ocdbt|d/[0-9a-f]{32}))"
+)
+
+_TEMPLATE_REFERENCE = re.compile(
+    r"\{%[-+]?\s*(include|import|from|extends)\b"
 )
 
 _ASSET_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
@@ -127,6 +136,16 @@ def _check_tokenizer(manifest, vocab):
     probes = section.get("golden", [])
     if not isinstance(probes, list) or len(probes) > MAX_GOLDEN_RECORDS:
         fail("Invalid manifest: 'tokenizer.golden' must be a list.")
+    # Every tokenizer load (one per vLLM front-end process) replays them.
+    chars = sum(
+        len(p["text"]) for p in probes
+        if isinstance(p, dict) and isinstance(p.get("text"), str)
+    )
+    if chars > MAX_PROBE_CHARS:
+        fail(
+            f"Invalid manifest: 'tokenizer.golden' holds {chars} characters "
+            f"of probe text, more than the {MAX_PROBE_CHARS} allowed."
+        )
     for probe in probes:
         if not (
             isinstance(probe, dict)
@@ -149,11 +168,22 @@ def _check_golden(read, manifest, vocab):
             "re-export the model."
         )
     steps = golden["max_new_tokens"]
-    if not (is_int(steps) and 0 <= steps <= 100_000):
-        fail(f"{what}: 'max_new_tokens' is {str(steps)[:50]}, out of range.")
+    served = manifest["max_sequence_length"]
+    if not (is_int(steps) and 0 <= steps <= served):
+        fail(
+            f"{what}: 'max_new_tokens' is {str(steps)[:50]}, not between 0 "
+            f"and the served sequence length {served} "
+            "('max_sequence_length'); re-export the model."
+        )
     outputs = golden["outputs"]
     if not isinstance(outputs, list) or len(outputs) > MAX_GOLDEN_RECORDS:
         fail(f"{what}: 'outputs' must be a list of records.")
+    if len(outputs) * steps > MAX_GOLDEN_STEPS:
+        fail(
+            f"{what}: {len(outputs)} records of {steps} new tokens are more "
+            f"than the {MAX_GOLDEN_STEPS} decoding steps `verify` spends; "
+            "re-export the model with fewer golden prompts or tokens."
+        )
     for record in outputs:
         if not isinstance(record, dict) or not isinstance(
             record.get("prompt"), str
@@ -163,6 +193,12 @@ def _check_golden(read, manifest, vocab):
         check_id_list(record.get("output_ids"), vocab, f"{what}: 'output_ids'")
         if len(record["output_ids"]) > steps:
             fail(f"{what}: a record has more output ids than 'max_new_tokens'.")
+        if len(record["prompt_ids"]) + steps > served:
+            fail(
+                f"{what}: a prompt of {len(record['prompt_ids'])} ids plus "
+                f"{steps} new tokens exceeds the served sequence length "
+                f"{served}; re-export the model."
+            )
 
 
 def _check_tokenizer_config(read, manifest):
@@ -185,39 +221,19 @@ def _check_chat_template(path, manifest):
         return
     if manifest["files"][rel]["bytes"] > MAX_CHAT_TEMPLATE_BYTES:
         fail(f"{rel} is larger than {MAX_CHAT_TEMPLATE_BYTES} bytes.")
-    with open(safe_join(path, rel), "rb") as f:
-        data = f.read(MAX_CHAT_TEMPLATE_BYTES + 1)
+    data = read_bytes(safe_join(path, rel), MAX_CHAT_TEMPLATE_BYTES, rel)
     try:
-        data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         fail(f"{rel} is not UTF-8 text; re-export the model.")
-
-
-def _check_weight_tree(read, manifest):
-    """Checks the orbax tree metadata (plain JSON) against the manifest, so
-    orbax is only asked for exactly the variables the manifest lists."""
-    if manifest["weights"]["mode"] == "preset":
-        return
-    rel = WEIGHTS_DIR + "/_METADATA"
-    metadata = read(rel)
-    tree = metadata.get("tree_metadata") if isinstance(metadata, dict) else None
-    if not isinstance(tree, dict):
-        fail(f"{rel} has no 'tree_metadata'; the weights are damaged.")
-    stored = set()
-    for entry in tree.values():
-        keys = entry.get("key_metadata") if isinstance(entry, dict) else None
-        if not isinstance(keys, list) or not all(
-            isinstance(k, dict) and isinstance(k.get("key"), str) for k in keys
-        ):
-            fail(f"{rel} is malformed; the weights are damaged.")
-        stored.add("/".join(k["key"] for k in keys))
-    listed = set(manifest["weights"]["variables"])
-    if stored != listed:
-        diff = sorted(stored ^ listed)
+    match = _TEMPLATE_REFERENCE.search(text)
+    if match is not None:
+        # Chat templates render without a loader: a reference to another
+        # template is either broken or an attempt to reach a file.
         fail(
-            f"The weights checkpoint and the manifest list different "
-            f"variables (e.g. '{diff[0][:200]}'). The artifact was altered; "
-            "re-export it."
+            f"{rel} uses '{{% {match.group(1)} %}}', a reference to another "
+            "template; chat templates of an artifact are self-contained. "
+            "Inline it and re-export the model."
         )
 
 
@@ -252,7 +268,24 @@ def validate_artifact(path, manifest, read=None):
         section = manifest[role]
         configs.check_class_name(section, role)
         configs.check_config_values(section["config"], f"{role}.config")
+    for role in ("tokenizer", "preprocessor", "sampler", "causal_lm"):
+        references.check_asset_fields(
+            manifest[role]["config"], f"{role}.config"
+        )
+        references.check_config_file_field(
+            manifest[role]["config"], role, f"{role}.config"
+        )
+    references.check_asset_fields(
+        manifest["backbone"]["config"], "backbone.config"
+    )
+    references.check_preset_reference(
+        manifest.get("preset"), manifest["weights"]["mode"]
+    )
     configs.check_parameter_count(manifest)
+    weight_tree.check_variable_index(manifest)
+    weight_tree.check_config_against_weights(
+        manifest, configs.estimate_parameters(manifest["backbone"]["config"])
+    )
     vocab = manifest["backbone"]["config"].get("vocabulary_size")
     if not is_int(vocab) or vocab <= 0:
         fail(
@@ -270,5 +303,5 @@ def validate_artifact(path, manifest, read=None):
     )
     _check_golden(read, manifest, vocab)
     _check_chat_template(path, manifest)
-    _check_weight_tree(read, manifest)
+    weight_tree.check_orbax_tree(read, manifest)
     return manifest

@@ -26,7 +26,13 @@ def sha256_file(path, on_bytes=None):
         on_bytes: called with the size of each chunk read (progress).
     """
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ArtifactError(
+                f"'{path}' is not a regular file (a FIFO, device or socket); "
+                "it is refused without being read."
+            )
         while True:
             chunk = f.read(_CHUNK)
             if not chunk:
@@ -114,24 +120,67 @@ def safe_join(directory, relative):
     return full
 
 
-def read_json(path, limit=MAX_JSON_FILE_BYTES, what=None):
-    """Reads a bounded JSON file, raising `ArtifactError` on any problem."""
+def read_bytes(path, limit, what=None, follow=False):
+    """Reads a regular file of at most `limit` bytes.
+
+    The file is opened without blocking and without following a final
+    symbolic link (unless `follow`), and checked to be a regular file on
+    the open descriptor, so a FIFO, device or socket put in its place is
+    refused instead of blocking or streaming forever.
+
+    Raises:
+        ArtifactError: naming `what` for a missing, special or larger file.
+    """
     what = what or os.path.basename(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        size = os.path.getsize(path)
+        fd = os.open(path, flags)
     except OSError as e:
-        raise ArtifactError(f"Cannot read {what}: {e}.") from None
-    if size > limit:
         raise ArtifactError(
-            f"{what} is {size} bytes, more than the {limit} allowed."
-        )
-    try:
-        with open(path, "rb") as f:
+            f"Cannot read {what}: {e.strerror or e} (a symbolic link or "
+            "missing file). Artifacts hold plain files only."
+        ) from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ArtifactError(
+                f"{what} is not a regular file (a FIFO, device or socket); "
+                "it is refused without being read."
+            )
+        if st.st_size > limit:
+            raise ArtifactError(
+                f"{what} is {st.st_size} bytes, more than the {limit} allowed."
+            )
+        try:
             data = f.read(limit + 1)
-    except OSError as e:
-        raise ArtifactError(f"Cannot read {what}: {e}.") from None
+        except OSError as e:
+            raise ArtifactError(f"Cannot read {what}: {e}.") from None
     if len(data) > limit:
         raise ArtifactError(f"{what} is more than the {limit} bytes allowed.")
+    return data
+
+
+def regular_file_size(path, what):
+    """The size of a regular file (following links, as keras-hub's preset
+    caches use them); refuses FIFOs, devices, sockets and directories."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ArtifactError(f"Cannot read {what}: {e.strerror or e}.") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ArtifactError(
+            f"{what} is not a regular file (a FIFO, device, socket or "
+            "directory); it is refused without being read."
+        )
+    return st.st_size
+
+
+def read_json(path, limit=MAX_JSON_FILE_BYTES, what=None, follow=False):
+    """Reads a bounded JSON file, raising `ArtifactError` on any problem."""
+    what = what or os.path.basename(path)
+    data = read_bytes(path, limit, what, follow=follow)
     try:
         return json.loads(
             data.decode("utf-8"),

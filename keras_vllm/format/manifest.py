@@ -18,7 +18,15 @@ import re
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import VersionSkewError
 from keras_vllm.format.files import read_json
+from keras_vllm.format.checks import fail
+from keras_vllm.format.names import CHAT_TEMPLATE_FILE as _CHAT
 from keras_vllm.format.names import FORMAT_NAME
+from keras_vllm.format.names import GOLDEN_FILE as _GOLDEN
+from keras_vllm.format.names import MAX_CHAT_TEMPLATE_BYTES
+from keras_vllm.format.names import MAX_GOLDEN_BYTES
+from keras_vllm.format.names import MAX_SMALL_JSON_BYTES
+from keras_vllm.format.names import MAX_TOKENIZER_ASSET_BYTES
+from keras_vllm.format.names import TOKENIZER_ASSETS_DIR as _ASSETS
 from keras_vllm.format.names import FORMAT_VERSION
 from keras_vllm.format.names import GOLDEN_REFERENCES
 from keras_vllm.format.names import MANIFEST_FIELDS
@@ -145,6 +153,36 @@ def validate_shape(shape, where):
         math.prod(shape) <= MAX_ELEMENTS, f"'{where}' has too many elements."
     )
     return tuple(shape)
+
+
+def _size_limit(rel):
+    """The most bytes the format allows for one of its files (None: the
+    weights, bounded by the parameter limit instead)."""
+    if rel.startswith(_ASSETS + "/"):
+        return MAX_TOKENIZER_ASSET_BYTES
+    if rel == _GOLDEN:
+        return MAX_GOLDEN_BYTES
+    if rel == _CHAT:
+        return MAX_CHAT_TEMPLATE_BYTES
+    if rel in (WEIGHTS_DIR + "/_METADATA", WEIGHTS_DIR + "/_sharding"):
+        return MAX_MANIFEST_BYTES
+    if rel.startswith(WEIGHTS_DIR + "/"):
+        return None
+    return MAX_SMALL_JSON_BYTES
+
+
+def _check_file_sizes(manifest):
+    """Every asset and JSON file within its bound, before any is read (the
+    recorded sizes: verification compares them with the disk before it
+    hashes anything)."""
+    for rel, entry in sorted(manifest["files"].items()):
+        limit = _size_limit(rel)
+        if limit is not None and entry["bytes"] > limit:
+            fail(
+                f"Artifact file '{rel[:200]}' is {entry['bytes']} bytes, more "
+                f"than the {limit} the format allows for it. The artifact "
+                "was altered or is not a keras-vllm export; re-export it."
+            )
 
 
 def validate_manifest(manifest):
@@ -308,6 +346,7 @@ def validate_manifest(manifest):
         size = _field(entry, "bytes", int, where)
         _expect(size >= 0, f"{where}.bytes is negative.")
         _expect(size <= MAX_FILE_BYTES, f"{where}.bytes is out of range.")
+    _check_file_sizes(manifest)
     return manifest
 
 

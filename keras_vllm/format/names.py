@@ -48,6 +48,30 @@ MAX_PARAMETERS_ENV = "KERAS_VLLM_MAX_PARAMETERS"
 MAX_CHAT_TEMPLATE_BYTES = 1 << 20
 MAX_GOLDEN_RECORDS = 1000
 MAX_GOLDEN_IDS = 100_000
+# Asset and work bounds (docs/FORMAT.md, "Trust"). A vocabulary, merges
+# table or SentencePiece proto of a real model is a few MiB (Gemma 3's
+# 262k-piece proto is 4.5 MiB); golden.json is a few KiB.
+MAX_TOKENIZER_ASSET_BYTES = 64 << 20
+MAX_GOLDEN_BYTES = 4 << 20
+# Every JSON file but the manifest and the tokenizer's vocabulary is small.
+MAX_SMALL_JSON_BYTES = 1 << 20
+# Decoding steps `verify` spends on golden.json (records x max_new_tokens),
+# and characters of tokenizer probes every tokenizer load replays.
+MAX_GOLDEN_STEPS = 1 << 16
+MAX_PROBE_CHARS = 1 << 20
+
+# The preset files a KerasHub backbone's `from_preset` reads: its config,
+# and its weights as one file or as an index and the shards it names.
+PRESET_CONFIG_FILE = "config.json"
+PRESET_WEIGHTS_FILE = "model.weights.h5"
+PRESET_SHARDED_INDEX_FILE = "model.weights.json"
+PRESET_SHARD_PATTERN = r"model_\d{5,6}\.weights\.h5"
+# Config keys through which keras-hub tokenizers take their assets (a
+# string there is a file path keras-hub would open): always null, because
+# an artifact's assets are the files in tokenizer/assets/.
+ASSET_CONFIG_KEYS = ("proto", "vocabulary", "merges")
+# The variable paths of the orbax tree: Keras paths, `/`-separated names.
+VARIABLE_PATH_PATTERN = r"[A-Za-z0-9_]{1,200}(/[A-Za-z0-9_]{1,200}){0,31}"
 
 # Every top-level manifest field of format 1.1 (`validate_manifest` refuses
 # others unless the artifact declares a newer minor version). 1.1 added

@@ -22,10 +22,21 @@ def _config(manifest, role):
     return classes.resolve(section["registered_name"], role), config
 
 
+def _safe_mode():
+    """Keras' safe mode for deserialization (no lambdas; keras-hub
+    tokenizers refuse asset paths from a config). Keras exposes it only as
+    a `safe_mode=` argument of its loaders, not as a public scope."""
+    from keras.src.saving.serialization_lib import SafeModeScope
+
+    return SafeModeScope(True)
+
+
 def _construct(cls, config, role):
-    """`cls.from_config(config)`, with any failure as an `ArtifactError`."""
+    """`cls.from_config(config)` in Keras' safe mode, with any failure as
+    an `ArtifactError`."""
     try:
-        return cls.from_config(config)
+        with _safe_mode():
+            return cls.from_config(config)
     except Exception as e:  # Keras and keras-hub raise many types
         raise ArtifactError(
             f"The artifact's {role} config does not build a {cls.__name__} "
@@ -38,24 +49,59 @@ def _construct(cls, config, role):
 _LAYER_KWARGS = ("name", "dtype", "trainable")
 
 
+def _accepted_keywords(cls):
+    """The keyword arguments `cls(...)` accepts: its constructor's named
+    parameters and, while a constructor passes `**kwargs` on, its bases'
+    (up to Keras' `Layer`, whose keywords are `_LAYER_KWARGS`)."""
+    import inspect
+
+    accepted = set(_LAYER_KWARGS)
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        if klass.__module__.startswith("keras.") or klass is object:
+            break
+        params = inspect.signature(init).parameters.values()
+        accepted |= {
+            p.name
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return accepted - {"self"}
+
+
+# Keywords keras-hub's base classes pop from `**kwargs` by name.
+_POPPED_KWARGS = {"tokenizer": ("config_file",), "preprocessor": ("config_file",)}
+
+
+def check_config_keys(cls, config, role):
+    """Checks a config's keys against what its class's constructor takes
+    (reflection only: nothing is built, JAX is not started), so no field
+    reaches a `**kwargs` that another class would interpret.
+
+    Raises:
+        ArtifactError: naming the role, the key and the class.
+    """
+    allowed = _accepted_keywords(cls) | set(_POPPED_KWARGS.get(role, ()))
+    unknown = sorted(set(config) - allowed)
+    if unknown:
+        raise ArtifactError(
+            f"The artifact's {role} config has '{unknown[0][:100]}', which "
+            f"{cls.__name__} does not take. The manifest was altered or "
+            "written by another keras-hub; re-export the model."
+        )
+
+
 def check_backbone_config(cls, config):
     """Checks a backbone config's keys against its class's constructor
     (reflection only: nothing is built, JAX is not started)."""
     import inspect
 
+    check_config_keys(cls, config, "backbone")
     params = inspect.signature(cls.__init__).parameters
-    allowed = {
-        name
-        for name, p in params.items()
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    } | set(_LAYER_KWARGS)
-    unknown = sorted(set(config) - allowed)
-    if unknown:
-        raise ArtifactError(
-            f"The artifact's backbone config has '{unknown[0][:100]}', which "
-            f"{cls.__name__} does not take. The manifest was altered or "
-            "written by another keras-hub; re-export the model."
-        )
     required = sorted(
         name
         for name, p in params.items()
@@ -98,6 +144,8 @@ def resolve_classes(manifest):
             f"{expected.__name__}. The manifest was altered; re-export it."
         )
     check_backbone_config(resolved["backbone"], manifest["backbone"]["config"])
+    for role in ("tokenizer", "preprocessor", "sampler"):
+        check_config_keys(resolved[role], manifest[role]["config"], role)
     return resolved
 
 
@@ -131,7 +179,9 @@ def build_backbone(path, manifest, dtype=None, preset=None):
     else:
         handle = preset or manifest["preset"]["handle"]
         with progress.phase(f"loading preset '{handle}'"):
-            presets.check_preset(handle, manifest["preset"]["files"])
+            presets.check_preset(
+                handle, manifest["preset"]["files"], manifest["backbone"]
+            )
             backbone = keras_hub.models.Backbone.from_preset(
                 handle, dtype=dtype
             )
@@ -143,17 +193,27 @@ def build_backbone(path, manifest, dtype=None, preset=None):
                 "one this artifact was exported from."
             )
     ordered = weight_io.ordered_variables(backbone)
+    matcher = weight_io.VariableMatcher(backbone, ordered)
     variables = {}
     specs = {}
     for var_path, spec in weights["variables"].items():
         # Matched by position (paths of auto-named layers differ between
-        # processes); the path must agree up to auto-numbering.
-        target = weight_io.match_variable(ordered, var_path, spec.get("index"))
+        # processes); the path must agree up to that auto-numbering.
+        target = matcher.match(var_path, spec["index"])
         variables[var_path] = target
         if tuple(target.shape) != tuple(spec["shape"]):
             raise ArtifactError(
                 f"Variable '{var_path}' has shape {tuple(spec['shape'])} in "
                 f"the artifact but {tuple(target.shape)} in the backbone."
+            )
+        if dtype == manifest["dtype"] and spec["dtype"] != target.dtype:
+            # Built in the exported dtype, every stored variable has its
+            # variable's dtype; a differing record is refused, not cast.
+            raise ArtifactError(
+                f"Variable '{var_path}' is recorded as {spec['dtype']} but "
+                f"the backbone built in {manifest['dtype']} holds it as "
+                f"{target.dtype}. The manifest was altered; re-export the "
+                "model."
             )
         specs[var_path] = (tuple(spec["shape"]), spec["dtype"])
     if mode == "full" and len(specs) != len(ordered):
@@ -171,7 +231,10 @@ def build_backbone(path, manifest, dtype=None, preset=None):
             restored = weight_io.restore_weights(directory, specs)
             for var_path, value in restored.items():
                 variable = variables[var_path]
-                variable.assign(value.astype(variable.dtype))
+                # A cast only when the caller asked for another dtype.
+                if str(value.dtype) != variable.dtype:
+                    value = value.astype(variable.dtype)
+                variable.assign(value)
                 phase.advance(value.nbytes)
     return backbone
 
@@ -194,14 +257,19 @@ def load_tokenizer(path, manifest=None):
         raise ArtifactError(
             "The tokenizer assets on disk differ from those the manifest lists."
         )
+    fmt.references.check_asset_fields(config, "tokenizer.config")
+    check_config_keys(cls, config, "tokenizer")
     tokenizer = _construct(cls, config, "tokenizer")
     try:
+        # Outside safe mode: keras-hub's `load_assets` passes the assets'
+        # own (confined, verified) paths, which safe mode refuses.
         tokenizer.load_assets(assets)
     except Exception as e:  # tokenizer libraries raise many types
         raise ArtifactError(
             f"The tokenizer assets could not be loaded ({type(e).__name__}: "
             f"{str(e)[:200]})."
         ) from None
+    _check_vocabulary_size(tokenizer, manifest)
     for probe in section.get("golden", []):
         # `tokenize`, not `tokenizer(...)`: a Keras layer call would start
         # JAX, and vLLM loads the tokenizer in its parent process before it
@@ -223,6 +291,26 @@ def load_tokenizer(path, manifest=None):
                 "this model."
             )
     return tokenizer
+
+
+def _check_vocabulary_size(tokenizer, manifest):
+    """The tokenizer's ids index the embedding: never more than its rows."""
+    rows = manifest["backbone"]["config"].get("vocabulary_size")
+    try:
+        size = int(tokenizer.vocabulary_size())
+    except Exception as e:  # tokenizer libraries raise many types
+        raise ArtifactError(
+            f"The tokenizer assets could not be loaded ({type(e).__name__}: "
+            f"{str(e)[:200]})."
+        ) from None
+    if isinstance(rows, int) and size > rows:
+        raise ArtifactError(
+            f"The tokenizer's vocabulary has {size} entries but the "
+            f"backbone's embedding has {rows} rows "
+            "('backbone.config.vocabulary_size'); its ids would index past "
+            "the embedding. The tokenizer assets do not belong to this "
+            "model; re-export it."
+        )
 
 
 def preflight(path, manifest, preset=None):

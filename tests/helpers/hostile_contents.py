@@ -263,7 +263,10 @@ def chat_template_binary(d, ctx):
 def preset_mode_with_weight_files(d, ctx):
     def fn(m):
         m["weights"].update(mode="preset", variables={})
-        m["preset"] = {"handle": "/nonexistent/preset", "files": {}}
+        m["preset"] = {
+            "handle": "/nonexistent/preset",
+            "files": {"config.json": edits.ZERO_SHA, "model.weights.h5": edits.ZERO_SHA},
+        }
 
     edits.edit(d, fn)
 

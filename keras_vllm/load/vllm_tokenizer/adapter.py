@@ -114,9 +114,13 @@ class KerasVllmTokenizer(TokenizerLike):
         from keras_vllm.load.keras_loader import load_tokenizer
 
         path = os.fspath(path_or_repo_id)
-        manifest = fmt.open_artifact(
+        # Verified and cross-checked here: vLLM's front-end processes load
+        # the tokenizer before (or without) the engine's own checks.
+        opened = fmt.open_artifact(
             path, only=(fmt.TOKENIZER_DIR + "/", fmt.CHAT_TEMPLATE_FILE)
-        ).manifest
+        )
+        opened.validate()
+        manifest = opened.manifest
         return cls(
             load_tokenizer(path, manifest=manifest),
             manifest,

@@ -1,10 +1,11 @@
 """Chat templates of keras-vllm artifacts: loading, rendering, no template.
 
-Rendering is transformers' own (`render_jinja_template`): the sandbox HF
-tokenizers render in (`trim_blocks`, `lstrip_blocks`, `loopcontrols`,
-`tojson`, `raise_exception`, `strftime_now`, `{% generation %}`), its
-bounded cache of compiled templates, and its continue-final-message rule,
-so a template renders here exactly as it does for an HF tokenizer.
+Rendering uses the sandbox HF tokenizers render in (transformers'
+environment: `trim_blocks`, `lstrip_blocks`, `loopcontrols`, `tojson`,
+`raise_exception`, `strftime_now`, `{% generation %}`) and its
+continue-final-message rule, so a template renders here as it does for an
+HF tokenizer, but bounded in output size, work and time (`bounded_jinja`):
+a hostile template fails its request with a 400, the server keeps serving.
 
 An artifact may have no template (a choice at export). vLLM's HfRenderer
 swallows exceptions raised by `get_chat_template()` and would report a
@@ -13,13 +14,17 @@ generic "no chat template" message, so `get_chat_template()` returns
 `NoChatTemplateError`, which says how to add one (HfRenderer answers 400).
 """
 
+import copy
 import os
 
 from keras_vllm import format as fmt
+from keras_vllm.load.vllm_tokenizer import bounded_jinja
 
 _NO_TEMPLATE_MARKER = "{#- keras_vllm: artifact has no chat template -#}"
 # Rendered by any other Jinja engine, it still fails instead of producing an
 # empty prompt.
+# transformers' marker for the end of a message to continue.
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 MISSING_CHAT_TEMPLATE = (
     _NO_TEMPLATE_MARKER
     + "{{ raise_exception('This keras-vllm artifact has no chat template; "
@@ -56,10 +61,17 @@ def read_template(path):
             caller, `open_artifact`).
     """
     template_path = fmt.safe_join(path, fmt.CHAT_TEMPLATE_FILE)
-    if not os.path.isfile(template_path):
+    if not os.path.lexists(template_path):
         return None
-    with open(template_path, encoding="utf-8") as f:
-        return f.read()
+    data = fmt.files.read_bytes(
+        template_path, fmt.MAX_CHAT_TEMPLATE_BYTES, fmt.CHAT_TEMPLATE_FILE
+    )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        fmt.checks.fail(
+            f"{fmt.CHAT_TEMPLATE_FILE} is not UTF-8 text; re-export the model."
+        )
 
 
 def no_template_error(path):
@@ -143,15 +155,61 @@ def render(
                 "continue_final_message is set but there are no messages."
             )
 
-    from transformers.utils.chat_template_utils import render_jinja_template
-
-    rendered, _ = render_jinja_template(
-        conversations=[conversation],
+    if tools is not None and not all(isinstance(t, dict) for t in tools):
+        raise ValueError("Tools must be JSON schemas (dicts).")
+    if documents is not None and not all(isinstance(d, dict) for d in documents):
+        raise TypeError("Documents should be a list of dicts.")
+    field = None
+    if continue_final_message:
+        # transformers' rule: mark the end of the final message's text, and
+        # cut the rendered prompt right after it.
+        field = (
+            continue_final_message
+            if isinstance(continue_final_message, str)
+            else "content"
+        )
+        if field not in source:
+            raise ValueError(
+                f'continue_final_message is set to "{field}" but this is not '
+                "an accepted field in the chat_template"
+            )
+        conversation = copy.deepcopy(conversation)
+        final = conversation[-1].get(field)
+        if final is None:
+            raise ValueError(
+                f'continue_final_message is set but the final message has no '
+                f'"{field}" to continue!'
+            )
+        if isinstance(final, (list, tuple)):
+            for block in reversed(final):
+                if "text" in block:
+                    final = block["text"]
+                    block["text"] = block["text"] + _CONTINUE_TAG
+                    break
+            else:
+                raise ValueError(
+                    "continue_final_message is set but we could not find any "
+                    "text to continue in the final message!"
+                )
+        else:
+            conversation[-1][field] = final + _CONTINUE_TAG
+    rendered = bounded_jinja.render(
+        source,
+        messages=conversation,
         tools=tools,
         documents=documents,
-        chat_template=source,
-        continue_final_message=continue_final_message,
         add_generation_prompt=add_generation_prompt,
         **variables,
     )
-    return rendered[0]
+    if field is not None:
+        if final.strip() not in rendered or _CONTINUE_TAG.strip() not in rendered:
+            raise ValueError(
+                "continue_final_message is set but the final message does not "
+                "appear in the chat after applying the chat template!"
+            )
+        cut = rendered.rindex(_CONTINUE_TAG.strip())
+        if rendered[cut : cut + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+            rendered = rendered[:cut]
+        else:  # the template trimmed the message's trailing space
+            rendered = rendered[:cut].rstrip()
+    return rendered
