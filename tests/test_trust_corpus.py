@@ -52,6 +52,7 @@ def bases(tmp_path_factory):
     variable = tuned.backbone.weights[3]  # one fine-tuned kernel: a delta
     variable.assign(variable.numpy() + 1)
     spm_512 = root / "spm_512"
+    spm_512.mkdir()
     testing.build_tiny_tokenizer("llama", 512).save_assets(str(spm_512))
     return {
         "spm": _export(llama, root / "spm", chat_template=CHAT_TEMPLATE),
