@@ -150,7 +150,9 @@ def _run_workers(jobs, bases, root):
         lines = [json.loads(l) for l in out_path.read_text().splitlines() if l]
         current = None
         for line in lines:
-            if line.get("event") == "start":
+            if line.get("event") == "reference":
+                assert line["outcome"] == "loaded", f"good {line['base']}: {line}"
+            elif line.get("event") == "start":
                 current = line["name"]
             elif "reader" in line:
                 results.setdefault(line["name"], {})[line["reader"]] = line

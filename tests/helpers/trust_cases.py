@@ -782,7 +782,7 @@ def golden_work_beyond_budget(d, ctx):
 @case("bounds", "spm", r"exceeds the served sequence length")
 def golden_prompt_beyond_sequence(d, ctx):
     def fn(g):
-        g["outputs"][0]["prompt_ids"] = g["outputs"][0]["prompt_ids"] * 100
+        g["outputs"][0]["prompt_ids"] = g["outputs"][0]["prompt_ids"] * 600
 
     edits.edit_json(d, fmt.GOLDEN_FILE, fn)
 
