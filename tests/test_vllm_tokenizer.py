@@ -553,7 +553,12 @@ def test_from_pretrained_verifies_the_files_it_reads(art, tmp_path):
         copy_path = tmp_path / prefix.replace("/", "_")
         shutil.copytree(art.path, copy_path)
         manifest = fmt.read_manifest(copy_path)
-        name = sorted(f for f in manifest["files"] if f.startswith(prefix))[0]
+        # A data file: the adapter parses (validates) the weights' small
+        # metadata JSON files, but does not hash the arrays.
+        name = sorted(
+            (f for f in manifest["files"] if f.startswith(prefix)),
+            key=lambda f: (manifest["files"][f]["bytes"] < 2, "/d/" not in f, f),
+        )[0]
         with open(copy_path / name, "r+b") as f:
             byte = f.read(1)
             f.seek(0)
