@@ -139,13 +139,19 @@ def _explain(error):
             f"{fmt.SIGNATURE_FILE} was made with another key, or altered."
         )
     if text.startswith("Signature mismatch"):
-        changed = re.findall(r"Hash mismatch for '([^']*)'", text)
-        added = re.search(r"Extra files found in model '.*?': ([^\"\]]*)", text)
-        removed = re.search(r"Missing files in model '.*?': ([^\"\]]*)", text)
+        # model-signing formats a list of sentences; their quotes may come
+        # back escaped (a repr), depending on the digests' bytes.
+        changed = re.findall(r"Hash mismatch for \\?'(.*?)\\?'", text)
+        added = re.search(r"Extra files found in model .*?: ([^\"\]]*)", text)
+        removed = re.search(r"Missing files in model .*?: ([^\"\]]*)", text)
         parts = []
         if changed:
-            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-            parts.append(f"file '{changed[0]}' was changed after signing{more}")
+            names = ", ".join(f"'{rel}'" for rel in changed[:3])
+            more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+            parts.append(
+                f"{'files' if len(changed) > 1 else 'file'} {names}{more} "
+                f"{'were' if len(changed) > 1 else 'was'} changed after signing"
+            )
         if added:
             parts.append(f"'{added.group(1).strip()}' was added after signing")
         if removed:
