@@ -32,8 +32,8 @@ def add_sign_command(sub, parents, run):
         action="append",
         default=[],
         metavar="PEM",
-        help="intermediate certificates to carry with --certificate "
-        "(repeatable)",
+        help="with --certificate: the certificates that issued it, up to the "
+        "root serving hosts trust (repeatable; at least one)",
     )
     p.set_defaults(func=run)
     return p

@@ -525,3 +525,90 @@ def test_mismatch_messages_name_the_files_however_they_are_quoted(digest):
     assert "files 'weights/x', 'golden.json' were changed" in text
     assert "'a.txt, b.txt' was added" in text
     assert "'config.json' is missing" in text
+
+
+# -- certificate-based signing (offline: a chain of trust, no Sigstore) -------
+
+
+def _certificate(directory, name, key, issuer_key=None, issuer=None):
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    is_ca = issuer is None
+    now = datetime.datetime.now(datetime.timezone.utc)
+    usage = dict.fromkeys(
+        ("digital_signature", "content_commitment", "key_encipherment",
+         "data_encipherment", "key_agreement", "key_cert_sign", "crl_sign",
+         "encipher_only", "decipher_only"),
+        False,
+    )
+    usage.update(
+        {"key_cert_sign": True, "crl_sign": True} if is_ca
+        else {"digital_signature": True}
+    )
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject if is_ca else issuer.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), True)
+        .add_extension(x509.KeyUsage(**usage), True)
+        .sign(issuer_key or key, hashes.SHA256())
+    )
+    path = os.path.join(directory, f"{name}.crt")
+    with open(path, "wb") as f:
+        f.write(certificate.public_bytes(serialization.Encoding.PEM))
+    return path, certificate
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("pki"))
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_path, ca = _certificate(root, "ca", ca_key)
+    other_ca_path, _ = _certificate(
+        root, "other_ca", ec.generate_private_key(ec.SECP256R1())
+    )
+    leaf_key = ec.generate_private_key(ec.SECP256R1())
+    key_path, _ = _write_key(root, "leaf", leaf_key)
+    leaf_path, _ = _certificate(root, "leaf", leaf_key, ca_key, ca)
+    return {"ca": ca_path, "other_ca": other_ca_path, "key": key_path,
+            "leaf": leaf_path}
+
+
+def test_certificate_signing_verifies_against_its_chain(
+    artifacts, certificates, tmp_path
+):
+    path = shutil.copytree(artifacts["cases"]["unsigned"][0], tmp_path / "a")
+    with pytest.raises(keras_vllm.SignatureError, match="issuing chain"):
+        signing.Signer(certificates["key"], certificate=certificates["leaf"])
+    signer = signing.Signer(
+        certificates["key"],
+        certificate=certificates["leaf"],
+        certificate_chain=[certificates["ca"]],
+    )
+    keras_vllm.sign_artifact(path, signer)
+    keras_vllm.verify_signature(path, certificate_chain=[certificates["ca"]])
+    with pytest.raises(keras_vllm.SignatureError, match="other_ca.crt"):
+        keras_vllm.verify_signature(
+            path, certificate_chain=[certificates["other_ca"]]
+        )
+    _flip_weights(path)
+    with pytest.raises(keras_vllm.SignatureError, match="was changed"):
+        keras_vllm.verify_signature(path, certificate_chain=[certificates["ca"]])
+
+
+def test_a_certificate_for_another_key_is_refused(certificates, keys):
+    with pytest.raises(keras_vllm.SignatureError, match="not for the key"):
+        signing.Signer(
+            keys["ours"][0],
+            certificate=certificates["leaf"],
+            certificate_chain=[certificates["ca"]],
+        )

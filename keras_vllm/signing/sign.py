@@ -25,8 +25,9 @@ class Signer:
         password: the key's password, if it is encrypted.
         certificate: path of a PEM signing certificate for the key
             (certificate-based signing); None signs with the bare key.
-        certificate_chain: paths of PEM intermediate certificates carried in
-            the signature with `certificate`.
+        certificate_chain: with `certificate`, paths of the PEM
+            certificates that issued it (intermediates, and the root or the
+            issuing CA), carried in the signature; at least one.
 
     Example:
 
@@ -59,6 +60,16 @@ class Signer:
                     f"The signing certificate '{self.certificate}' is not for "
                     f"the key '{self.private_key}'. Pass the certificate "
                     "issued for this key."
+                )
+            if isinstance(certificate_chain, (str, os.PathLike)):
+                certificate_chain = [certificate_chain]
+            if not certificate_chain:
+                # model-signing 1.1 cannot sign with an empty chain.
+                raise SignatureError(
+                    f"Signing with the certificate '{self.certificate}' needs "
+                    "its issuing chain: pass `certificate_chain=` (CLI: "
+                    "`--chain`) with the certificates that issued it, up to "
+                    "the root the serving host trusts."
                 )
             self.certificate_chain = keys.load_certificates(
                 certificate_chain, "certificate chain"

@@ -138,6 +138,11 @@ def _explain(error):
         return (
             f"{fmt.SIGNATURE_FILE} was made with another key, or altered."
         )
+    if type(error).__name__.startswith("X509"):  # pyOpenSSL's chain check
+        return (
+            "its signing certificate does not chain to the trusted "
+            f"certificates ({text[:200]})."
+        )
     if text.startswith("Signature mismatch"):
         # model-signing formats a list of sentences; their quotes may come
         # back escaped (a repr), depending on the digests' bytes.
