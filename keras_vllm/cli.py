@@ -162,7 +162,9 @@ def _serve(args):
     # `--preset` may follow the artifact, among vLLM's own options.
     args.preset = _take_option(args.vllm_args, "--preset") or args.preset
     args.public_key = (
-        _take_option(args.vllm_args, "--public-key") or args.public_key
+        _take_option(args.vllm_args, "--public-key")
+        or args.public_key
+        or envs.public_key()
     )
     if args.public_key is not None:
         # Checked here before the manifest is read, and by `vllm serve`'s

@@ -612,3 +612,14 @@ def test_a_certificate_for_another_key_is_refused(certificates, keys):
             certificate=certificates["leaf"],
             certificate_chain=[certificates["ca"]],
         )
+
+
+def test_links_and_fifos_are_refused_before_hashing(artifacts, keys, tmp_path):
+    path = shutil.copytree(artifacts["signed"], tmp_path / "a")
+    os.mkfifo(os.path.join(path, "pipe"))  # hashing it would block forever
+    with pytest.raises(keras_vllm.ArtifactError, match="'pipe' is not a regular"):
+        keras_vllm.verify_signature(path, keys["ours"][1])
+    os.remove(os.path.join(path, "pipe"))
+    os.symlink("/etc/passwd", os.path.join(path, "link"))
+    with pytest.raises(keras_vllm.ArtifactError, match="'link' is a symbolic"):
+        keras_vllm.verify_signature(path, keys["ours"][1])

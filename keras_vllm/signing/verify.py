@@ -1,5 +1,6 @@
 """Verifying an artifact's signature before anything else of it is read."""
 
+import hashlib
 import os
 import re
 import threading
@@ -48,8 +49,11 @@ def _trust(public_key, certificate_chain):
             "`certificate_chain` is empty; pass the PEM root (and "
             "intermediate) certificates the signing certificate chains to."
         )
+    digest = hashlib.sha256()
+    for given in paths:
+        digest.update(keys.read_pem(given, "certificate chain")[1])
     return (
-        ("chain", tuple(paths)),
+        ("chain", digest.hexdigest()),
         f"the certificate chain {', '.join(repr(p) for p in paths)}",
         lambda config: config.use_certificate_verifier(certificate_chain=paths),
     )
