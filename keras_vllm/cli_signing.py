@@ -20,7 +20,9 @@ def add_sign_command(sub, parents, run):
     )
     p.add_argument("artifact")
     p.add_argument(
-        "--key", required=True, help="PEM elliptic-curve private key (P-256/384/521)"
+        "--key",
+        required=True,
+        help="PEM elliptic-curve private key (P-256/384/521)",
     )
     p.add_argument(
         "--certificate",

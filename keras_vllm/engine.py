@@ -148,11 +148,12 @@ class KerasVllmEngine:
                     **engine_kwargs):
         """Starts a vLLM engine on a keras-vllm artifact.
 
-        The artifact is verified first (checksums, manifest, consistency of
-        its files, class allowlist, preset availability, tokenizer), in this
-        process, so a bad artifact or setting is refused before vLLM starts. Sampling defaults come
-        from the exported model's compiled sampler (`generation_config.json`),
-        `max_model_len` from the artifact. Any `vllm.LLM` keyword argument
+        The artifact is verified first (its signature when a public key is
+        required, checksums, manifest, consistency of its files, class
+        allowlist, preset availability, tokenizer), in this process, so a
+        bad artifact or setting is refused before vLLM starts. Sampling
+        defaults come from the exported model's compiled sampler
+        (`generation_config.json`), `max_model_len` from the artifact. Any `vllm.LLM` keyword argument
         overrides the defaults.
 
         vLLM's start-up logs are kept to warnings and errors unless

@@ -28,7 +28,9 @@ def hashing_config():
 
     return (
         hashing.Config()
-        .use_file_serialization(hashing_algorithm="sha256", allow_symlinks=False)
+        .use_file_serialization(
+            hashing_algorithm="sha256", allow_symlinks=False
+        )
         .set_ignored_paths(paths=[fmt.SIGNATURE_FILE], ignore_git_paths=False)
     )
 
@@ -45,14 +47,17 @@ def read_pem(path, what):
             f"path of a PEM file."
         ) from None
     if len(data) > _MAX_PEM_BYTES:
-        raise SignatureError(f"The {what} '{path}' is too large for a PEM file.")
+        raise SignatureError(
+            f"The {what} '{path}' is too large for a PEM file."
+        )
     return path, data
 
 
 def _check_curve(key, what, path):
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    if not isinstance(key, (ec.EllipticCurvePublicKey, ec.EllipticCurvePrivateKey)):
+    curves = (ec.EllipticCurvePublicKey, ec.EllipticCurvePrivateKey)
+    if not isinstance(key, curves):
         raise SignatureError(
             f"The {what} '{path}' is a {type(key).__name__.lstrip('_')}; "
             "model-signing signs with elliptic-curve keys only. Create one "

@@ -170,7 +170,9 @@ def _temporary_name(directory):
 
 def as_signer(signing_key):
     """A `Signer` from a `Signer` or a private key path."""
-    return signing_key if isinstance(signing_key, Signer) else Signer(signing_key)
+    if isinstance(signing_key, Signer):
+        return signing_key
+    return Signer(signing_key)
 
 
 def sign_artifact(directory, signing_key):
