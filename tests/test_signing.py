@@ -623,3 +623,31 @@ def test_links_and_fifos_are_refused_before_hashing(artifacts, keys, tmp_path):
     os.symlink("/etc/passwd", os.path.join(path, "link"))
     with pytest.raises(keras_vllm.ArtifactError, match="'link' is a symbolic"):
         keras_vllm.verify_signature(path, keys["ours"][1])
+
+
+def test_serve_hands_the_policy_to_vllm_serve(artifacts, keys, monkeypatch):
+    """`keras-vllm serve --public-key` checks the signature, then runs
+    `vllm serve` with `KERAS_VLLM_PUBLIC_KEY` (its processes check again)."""
+    from keras_vllm import cli
+
+    ran = {}
+
+    def execv(program, argv):
+        ran["argv"] = argv
+        ran["key"] = os.environ.get(envs.PUBLIC_KEY.name)
+        raise SystemExit(0)
+
+    saved = dict(os.environ)
+    monkeypatch.setattr(os, "execv", execv)
+    try:
+        args, _ = cli.build_parser().parse_known_args(
+            ["-q", "serve", artifacts["signed"], "--port", "1",
+             "--public-key", keys["ours"][1]]
+        )
+        with pytest.raises(SystemExit):
+            cli._serve(args)  # not main(): it configures logging
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert ran["key"] == keys["ours"][1]
+    assert "--public-key" not in ran["argv"] and "--port" in ran["argv"]
