@@ -16,12 +16,16 @@ from keras_vllm.errors import IntegrityError
 from keras_vllm.errors import KerasVllmError
 from keras_vllm.errors import PresetUnavailableError
 from keras_vllm.errors import ServingError
+from keras_vllm.errors import SignatureError
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.errors import VersionSkewError
 from keras_vllm.version import __version__
 from keras_vllm.export import export_vllm
 from keras_vllm.load import load_causal_lm
 from keras_vllm.load import load_tokenizer
+from keras_vllm import signing
+from keras_vllm.signing import sign_artifact
+from keras_vllm.signing import verify_signature
 from keras_vllm import _keras_hub_hooks
 
 _keras_hub_hooks.install()
@@ -34,12 +38,16 @@ __all__ = [
     "KerasVllmError",
     "PresetUnavailableError",
     "ServingError",
+    "SignatureError",
     "UnsupportedModelError",
     "VersionSkewError",
     "__version__",
     "export_vllm",
     "load_causal_lm",
     "load_tokenizer",
+    "sign_artifact",
+    "signing",
+    "verify_signature",
 ]
 
 

@@ -3,6 +3,8 @@
     keras-vllm export PRESET OUT      export a preset (handle or directory)
     keras-vllm inspect ARTIFACT       print a readable summary
     keras-vllm verify ARTIFACT        check checksums and golden outputs
+    keras-vllm sign ARTIFACT --key K  sign it (model.sig); --public-key PUB
+                                      on verify/inspect/serve requires it
     keras-vllm serve ARTIFACT ...     `vllm serve` with the artifact's defaults
     keras-vllm demo                   the whole handoff on a tiny model, offline
     keras-vllm bench [--quick] ...    bench/run.py (source checkouts only)
@@ -16,6 +18,7 @@ import logging
 import os
 import sys
 
+from keras_vllm import cli_signing
 from keras_vllm import envs
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
@@ -38,6 +41,7 @@ def _export(args):
         weights=args.weights,
         overwrite=args.overwrite,
         chat_template=args.chat_template,
+        signing_key=args.signing_key,
     )
     from keras_vllm import format as fmt
     from keras_vllm.inspect_artifact import weights_line
@@ -51,9 +55,12 @@ def _inspect(args):
     from keras_vllm.inspect_artifact import summary
     from keras_vllm.load.opening import open_verified
 
+    cli_signing.check_trust(args)
     # Validated too (plain Python, no model is built): inspect is how a
     # serving team first looks at an artifact it was handed.
-    manifest = open_verified(args.artifact, verify=not args.no_verify).manifest
+    manifest = open_verified(
+        args.artifact, verify=not args.no_verify, public_key=args.public_key
+    ).manifest
     print(summary(args.artifact, manifest))
     return EXIT_OK
 
@@ -63,12 +70,15 @@ def _verify(args):
     from keras_vllm.load.keras_loader import check_golden
     from keras_vllm.load.opening import open_verified
 
+    cli_signing.check_trust(args)
     manifest = open_verified(
-        args.artifact, verbose="auto", validate=False
+        args.artifact, verbose="auto", validate=False,
+        public_key=args.public_key,
     ).manifest
     print(f"checksums       ok ({len(manifest['files'])} files)")
     causal_lm = keras_vllm.load_causal_lm(
-        args.artifact, verify=False, preset=args.preset
+        args.artifact, verify=False, preset=args.preset,
+        public_key=args.public_key,
     )
     failures = check_golden(causal_lm, args.artifact, manifest)
     if failures:
@@ -97,7 +107,8 @@ def _engine_golden(path, manifest, args):
     from keras_vllm.engine import KerasVllmEngine
 
     with KerasVllmEngine.from_export(
-        path, verbose=_verbose(args), preset=args.preset
+        path, verbose=_verbose(args), preset=args.preset,
+        public_key=args.public_key,
     ) as engine:
         return engine.check_golden()
 
@@ -149,6 +160,16 @@ def _take_option(argv, name):
 def _serve(args):
     # `--preset` may follow the artifact, among vLLM's own options.
     args.preset = _take_option(args.vllm_args, "--preset") or args.preset
+    args.public_key = (
+        _take_option(args.vllm_args, "--public-key")
+        or args.public_key
+        or envs.public_key()
+    )
+    if args.public_key is not None:
+        # Checked here before the manifest is read, and by `vllm serve`'s
+        # processes (its refusal check, engine and tokenizer) again.
+        cli_signing.check_trust(args)
+        envs.PUBLIC_KEY.set(os.path.abspath(args.public_key))
     command = serve_command(args.artifact, args.vllm_args)
     if args.preset is not None:
         _use_preset(args.artifact, args.preset)
@@ -267,6 +288,9 @@ def build_parser():
     p.add_argument("--sampler", default=None, help="e.g. greedy, top_k")
     p.add_argument("--chat-template", default=None, help="Jinja text or file")
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument(
+        "--signing-key", default=None, help="sign it with this PEM private key"
+    )
     p.set_defaults(func=_export)
 
     p = sub.add_parser(
@@ -276,6 +300,7 @@ def build_parser():
     p.add_argument(
         "--no-verify", action="store_true", help="skip checksum verification"
     )
+    cli_signing.add_trust_options(p)
     p.set_defaults(func=_inspect)
 
     p = sub.add_parser(
@@ -289,7 +314,10 @@ def build_parser():
     p.add_argument("artifact")
     p.add_argument("--engine", action="store_true", help="also run vLLM")
     _preset_option(p)
+    cli_signing.add_trust_options(p)
     p.set_defaults(func=_verify)
+
+    cli_signing.add_sign_command(sub, [output], cli_signing.sign)
 
     p = sub.add_parser(
         "serve",
@@ -301,6 +329,7 @@ def build_parser():
     )
     p.add_argument("artifact")
     _preset_option(p)
+    cli_signing.add_trust_options(p, chain=False)
     p.add_argument("vllm_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_serve)
 

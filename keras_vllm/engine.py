@@ -105,21 +105,23 @@ def _resolve_preset(preset):
 
 
 @contextlib.contextmanager
-def _preset_for_engine(preset):
-    """Hands the preset override to vLLM's engine processes, which build
-    the model (`load/vllm_model.py` reads `KERAS_VLLM_PRESET`)."""
-    if preset is None:
-        yield
-        return
-    previous = envs.PRESET.raw()
-    envs.PRESET.set(preset)
+def _for_engine(settings):
+    """Hands settings to vLLM's engine processes through their variables:
+    the preset override (`load/vllm_model.py` builds the model from it) and
+    the signature policy (every reader there honours it)."""
+    previous = {}
+    for variable, value in settings.items():
+        if value is not None:
+            previous[variable] = variable.raw()
+            variable.set(value)
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop(envs.PRESET.name, None)
-        else:
-            envs.PRESET.set(previous)
+        for variable, value in previous.items():
+            if value is None:
+                os.environ.pop(variable.name, None)
+            else:
+                variable.set(value)
 
 
 class KerasVllmEngine:
@@ -142,14 +144,16 @@ class KerasVllmEngine:
         self.manifest = manifest
 
     @classmethod
-    def from_export(cls, path, verbose="auto", preset=None, **engine_kwargs):
+    def from_export(cls, path, verbose="auto", preset=None, public_key=None,
+                    **engine_kwargs):
         """Starts a vLLM engine on a keras-vllm artifact.
 
-        The artifact is verified first (checksums, manifest, consistency of
-        its files, class allowlist, preset availability, tokenizer), in this
-        process, so a bad artifact or setting is refused before vLLM starts. Sampling defaults come
-        from the exported model's compiled sampler (`generation_config.json`),
-        `max_model_len` from the artifact. Any `vllm.LLM` keyword argument
+        The artifact is verified first (its signature when a public key is
+        required, checksums, manifest, consistency of its files, class
+        allowlist, preset availability, tokenizer), in this process, so a
+        bad artifact or setting is refused before vLLM starts. Sampling
+        defaults come from the exported model's compiled sampler
+        (`generation_config.json`), `max_model_len` from the artifact. Any `vllm.LLM` keyword argument
         overrides the defaults.
 
         vLLM's start-up logs are kept to warnings and errors unless
@@ -165,6 +169,10 @@ class KerasVllmEngine:
                 of the handle its manifest records (e.g. a copy on an
                 offline host); its files must hash to the recorded values.
                 Defaults to `KERAS_VLLM_PRESET`, else the recorded handle.
+            public_key: path of a PEM public key the artifact must be signed
+                by (`model.sig`); checked before anything else of it is read,
+                here and in vLLM's engine process. Defaults to
+                `KERAS_VLLM_PUBLIC_KEY`; unset, no signature is needed.
             **engine_kwargs: passed to `vllm.LLM`.
 
         Returns:
@@ -180,7 +188,9 @@ class KerasVllmEngine:
             # Everything the engine process would refuse is refused here, in
             # this process and without starting JAX, before vLLM starts (and
             # before its memory profiling run).
-            opened = open_verified(path, verbose="auto", validate=False)
+            opened = open_verified(
+                path, verbose="auto", validate=False, public_key=public_key
+            )
             manifest = opened.manifest
             with progress.phase("checking the artifact"):
                 opened.validate()
@@ -189,8 +199,10 @@ class KerasVllmEngine:
                 keras_loader.preflight(path, manifest, preset)
             _choose_process_start_method()
             loud = verbose is True or envs.verbose()
-            with logs.serving_logs(loud), _preset_for_engine(
-                preset
+            if public_key is not None:
+                public_key = os.path.abspath(os.fspath(public_key))
+            with logs.serving_logs(loud), _for_engine(
+                {envs.PRESET: preset, envs.PUBLIC_KEY: public_key}
             ), progress.phase(
                 "starting the vLLM engine (load, compile, warm up)", live=not loud
             ):

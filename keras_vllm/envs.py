@@ -190,6 +190,16 @@ PRESET = Variable(
     "values); for plain `vllm serve`, set by `keras-vllm serve --preset`.",
     "load/vllm_model.py; set by engine.py and cli.py",
 )
+PUBLIC_KEY = Variable(
+    "KERAS_VLLM_PUBLIC_KEY",
+    "the path of a PEM public key (EC P-256/384/521)",
+    None,
+    "Set: every artifact read in this process must carry a signature "
+    "(model.sig) by this key, checked before any other file is read; for "
+    "plain `vllm serve`, set by `keras-vllm serve --public-key`.",
+    "signing/policy.py (load/opening.py, serve_refusals.py, the tokenizer "
+    "adapter, load/vllm_model.py); set by engine.py and cli.py",
+)
 
 # Other tools' variables that keras-vllm reads or sets a default for.
 JAX_PLATFORMS = Variable(
@@ -296,6 +306,7 @@ VARIABLES = (
     ENGINE_PROGRESS,
     MAX_PARAMETERS,
     PRESET,
+    PUBLIC_KEY,
     JAX_PLATFORMS,
     TPU_USING_PATHWAYS,
     TPU_ACCELERATOR_TYPE,
@@ -345,6 +356,11 @@ def engine_progress():
 def preset():
     """The preset override for the serving model, or None."""
     return PRESET.get()
+
+
+def public_key():
+    """The public key every artifact read must be signed by, or None."""
+    return PUBLIC_KEY.get()
 
 
 def max_parameters():

@@ -25,6 +25,11 @@ class IntegrityError(ArtifactError):
     """An artifact file does not match the checksum recorded at export."""
 
 
+class SignatureError(IntegrityError):
+    """An artifact's signature is missing or does not verify with the key
+    (or certificate chain) the reader requires, or that key is unusable."""
+
+
 class VersionSkewError(ArtifactError):
     """The artifact was written by an incompatible version of the format."""
 

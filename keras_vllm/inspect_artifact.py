@@ -45,6 +45,12 @@ def summary(path, manifest):
         f"servable        {'yes' if manifest.get('servable', True) else 'no'}",
         f"written by      "
         + ", ".join(f"{k} {v}" for k, v in sorted(manifest["written_by"].items())),
+        "signature       "
+        + (
+            f"{fmt.SIGNATURE_FILE} (check it with --public-key)"
+            if os.path.isfile(os.path.join(path, fmt.SIGNATURE_FILE))
+            else "none (keras-vllm sign)"
+        ),
         f"files           {len(files)} files, "
         f"{_size(sum(f['bytes'] for f in files.values()))}",
     ]

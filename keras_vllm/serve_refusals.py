@@ -1,6 +1,7 @@
 """One-line refusals for plain `vllm serve DIR` of a directory keras-vllm
 recognizes but cannot serve (empty, a KerasHub preset, a truncated or
-tampered artifact).
+tampered artifact; with `KERAS_VLLM_PUBLIC_KEY`, any directory without a
+valid signature by that key).
 
 vLLM loads general plugins while it builds its command-line parser, before
 it reads the model's config, so `keras_vllm.plugin.register` can refuse such
@@ -35,11 +36,22 @@ def refusal(path):
 
     Returns:
         The one-line message, or None when the directory is a loadable
-        keras-vllm artifact or is not one keras-vllm should judge.
+        keras-vllm artifact or is not one keras-vllm should judge (an
+        unsigned directory is always judged under a signature policy).
     """
     from keras_vllm.errors import KerasVllmError
     from keras_vllm.load.opening import open_verified
+    from keras_vllm.signing import require_signature
 
+    if os.listdir(path):
+        # With `KERAS_VLLM_PUBLIC_KEY` set, nothing unsigned is served, not
+        # even a directory vLLM would load natively: an artifact swapped
+        # for a Hugging Face checkpoint must not bypass the policy. Checked
+        # before any file is parsed.
+        try:
+            require_signature(path)
+        except KerasVllmError as e:
+            return f"keras-vllm: {type(e).__name__}: {e}"
     config = _read_json(os.path.join(path, "config.json"))
     config = config if isinstance(config, dict) else {}
     if os.path.isfile(os.path.join(path, fmt.MANIFEST_FILE)) or (

@@ -39,7 +39,7 @@ def exported(preset, tmp_path_factory):
 def test_help_lists_every_command():
     result = _run("--help")
     assert result.returncode == 0
-    for command in ("export", "inspect", "verify", "serve", "demo"):
+    for command in ("export", "inspect", "verify", "sign", "serve", "demo"):
         assert command in result.stdout
 
 

@@ -9,6 +9,7 @@ from keras_vllm import format as fmt
 from keras_vllm import presets
 from keras_vllm import progress
 from keras_vllm import reference
+from keras_vllm import signing
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
@@ -130,6 +131,7 @@ def export_vllm(
     chat_template=None,
     allow_unservable=False,
     verbose="auto",
+    signing_key=None,
 ):
     """Exports a KerasHub `CausalLM` as a keras-vllm artifact directory.
 
@@ -162,6 +164,11 @@ def export_vllm(
         verbose: `"auto"` draws one progress line per phase on a terminal
             (not in CI); `True` also prints the phases elsewhere; `False`
             prints nothing. Phases always log at INFO to `keras_vllm`.
+        signing_key: path of a PEM elliptic-curve private key, or a
+            `keras_vllm.signing.Signer` (a key with a password, or
+            certificate-based signing): the artifact is signed with OpenSSF
+            model-signing (`model.sig`, over every other file) before it is
+            published, so it appears signed or not at all.
 
     Returns:
         The absolute path of the artifact.
@@ -177,18 +184,20 @@ def export_vllm(
     """
     _check_model(causal_lm)
     target = staging.check_target(path, overwrite)
+    # The key is checked before any work is done.
+    signer = None if signing_key is None else signing.as_signer(signing_key)
     with progress.verbosity(verbose):
         return _export(
             causal_lm, target, preset, weights, overwrite, golden_prompts,
             golden_max_new_tokens, max_sequence_length, chat_template,
-            allow_unservable,
+            allow_unservable, signer,
         )
 
 
 def _export(
     causal_lm, target, preset, weights, overwrite, golden_prompts,
     golden_max_new_tokens, max_sequence_length, chat_template,
-    allow_unservable,
+    allow_unservable, signer,
 ):
     if weights not in ("auto",) + fmt.WEIGHT_MODES:
         raise ExportError(
@@ -339,5 +348,8 @@ def _export(
             golden_reference=golden_ref,
         )
         fmt.write_json(os.path.join(tmp, fmt.MANIFEST_FILE), manifest)
+        if signer is not None:
+            with progress.phase("signing"):
+                signer.sign(tmp)
     logger.info("keras-vllm: exported %s (%s weights)", target, mode)
     return target

@@ -8,6 +8,7 @@ from keras_vllm.format.files import list_files
 from keras_vllm.format.files import safe_join
 from keras_vllm.format.files import sha256_file
 from keras_vllm.format.names import MANIFEST_FILE
+from keras_vllm.format.names import SIGNATURE_FILE
 
 
 def files_to_hash(manifest, only=None):
@@ -37,8 +38,9 @@ def verify_files(directory, manifest, only=None, report=None):
     """
     listed = manifest["files"]
     # Links and special files first: refused without following or opening
-    # them (a FIFO would block a reader).
-    present = set(list_files(directory)) - {MANIFEST_FILE}
+    # them (a FIFO would block a reader). The signature is the one unlisted
+    # file: it signs the manifest, so the manifest cannot record it.
+    present = set(list_files(directory)) - {MANIFEST_FILE, SIGNATURE_FILE}
     for rel in listed:
         safe_join(directory, rel)
     missing = sorted(set(listed) - present)

@@ -14,6 +14,7 @@ from keras_vllm.errors import ArtifactError
 from keras_vllm.format.names import MANIFEST_FILE
 from keras_vllm.format.names import MAX_FILES
 from keras_vllm.format.names import MAX_JSON_FILE_BYTES
+from keras_vllm.format.names import SIGNATURE_FILE
 
 _CHUNK = 1 << 20
 
@@ -75,8 +76,11 @@ def list_files(directory):
     return sorted(found)
 
 
-def file_table(directory, exclude=(MANIFEST_FILE,), on_bytes=None):
-    """Returns `{relative_path: {"sha256", "bytes"}}` for an artifact tree.
+def file_table(
+    directory, exclude=(MANIFEST_FILE, SIGNATURE_FILE), on_bytes=None
+):
+    """Returns `{relative_path: {"sha256", "bytes"}}` for an artifact tree
+    (all files but the manifest and the signature, which covers the others).
 
     `on_bytes` is called with each chunk's size while hashing (progress).
     """

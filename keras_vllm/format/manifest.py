@@ -36,6 +36,7 @@ from keras_vllm.format.names import MAX_ELEMENTS
 from keras_vllm.format.names import MAX_FILE_BYTES
 from keras_vllm.format.names import MAX_FILES
 from keras_vllm.format.names import MAX_MANIFEST_BYTES
+from keras_vllm.format.names import SIGNATURE_FILE
 from keras_vllm.format.names import SUPPORTED_DTYPES
 from keras_vllm.format.names import WEIGHT_MODES
 from keras_vllm.format.names import WEIGHTS_DIR
@@ -341,6 +342,11 @@ def validate_manifest(manifest):
     for rel, entry in files.items():
         _expect(0 < len(rel) < 1000, "a file name has a bad length.")
         where = f"files['{rel}']"
+        _expect(
+            rel not in (MANIFEST_FILE, SIGNATURE_FILE),
+            f"'files' lists '{rel}', which is never checksummed (the "
+            "manifest holds the checksums, the signature signs them).",
+        )
         digest = _field(entry, "sha256", str, where)
         _expect(is_sha256(digest), f"{where}.sha256 is not a hex SHA-256.")
         size = _field(entry, "bytes", int, where)

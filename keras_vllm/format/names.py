@@ -24,6 +24,10 @@ TOKENIZER_CONFIG_FILE = "tokenizer/config.json"
 TOKENIZER_ASSETS_DIR = "tokenizer/assets"
 WEIGHTS_DIR = "weights"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+# The signature (OpenSSF model-signing's Sigstore bundle; its default name),
+# over every other file of the directory, the manifest included. It is the
+# one file the manifest's `files` does not list.
+SIGNATURE_FILE = "model.sig"
 
 WEIGHT_MODES = ("preset", "delta", "full")
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
@@ -45,6 +49,8 @@ MAX_CONFIG_LIST = 10_000
 # (estimated from its config, so a hostile config cannot make the loader
 # allocate unbounded memory); this names the variable in messages.
 MAX_PARAMETERS_ENV = "KERAS_VLLM_MAX_PARAMETERS"
+# The signature lists every file with its digest (bounded by MAX_FILES).
+MAX_SIGNATURE_BYTES = 64 << 20
 MAX_CHAT_TEMPLATE_BYTES = 1 << 20
 MAX_GOLDEN_RECORDS = 1000
 MAX_GOLDEN_IDS = 100_000

@@ -231,7 +231,8 @@ def preflight(path, manifest, preset=None):
 
 
 def load_causal_lm(
-    path, *, dtype=None, preset=None, verify=True, verbose="auto"
+    path, *, dtype=None, preset=None, verify=True, verbose="auto",
+    public_key=None,
 ):
     """Rebuilds a KerasHub `CausalLM` from a keras-vllm artifact.
 
@@ -249,6 +250,10 @@ def load_causal_lm(
         verbose: `"auto"` draws one progress line per phase on a terminal
             (not in CI); `True` also prints the phases elsewhere; `False`
             prints nothing.
+        public_key: path of a PEM public key: the artifact must carry a
+            signature by it (`model.sig`), checked before anything else is
+            read (`SignatureError` otherwise). Defaults to
+            `KERAS_VLLM_PUBLIC_KEY`; unset, no signature is needed.
 
     Returns:
         The `keras_hub.models.CausalLM`, compiled with the exported sampler.
@@ -262,11 +267,13 @@ def load_causal_lm(
     """
     path = os.fspath(path)
     with progress.verbosity(verbose):
-        return _load_causal_lm(path, dtype, preset, verify)
+        return _load_causal_lm(path, dtype, preset, verify, public_key)
 
 
-def _load_causal_lm(path, dtype, preset, verify):
-    manifest = open_verified(path, verify=verify, verbose="auto").manifest
+def _load_causal_lm(path, dtype, preset, verify, public_key):
+    manifest = open_verified(
+        path, verify=verify, verbose="auto", public_key=public_key
+    ).manifest
     resolved = resolve_classes(manifest)
     # The tokenizer first: it is cheap, and its probes catch swapped assets
     # before any weight is allocated.

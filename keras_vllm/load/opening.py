@@ -4,6 +4,8 @@ import contextlib
 
 from keras_vllm import format as fmt
 from keras_vllm import progress
+from keras_vllm.signing.policy import public_key_for
+from keras_vllm.signing.policy import require_signature
 
 
 @contextlib.contextmanager
@@ -14,8 +16,12 @@ def _hashing(total, verbose):
         yield phase.advance
 
 
-def open_verified(path, verify=True, only=None, verbose=False, validate=True):
+def open_verified(path, verify=True, only=None, verbose=False, validate=True,
+                  public_key=None):
     """Opens an artifact, verifies its checksums and cross-checks its files.
+
+    With a signature policy (`public_key`, else `KERAS_VLLM_PUBLIC_KEY`) the
+    signature is verified first, before the manifest is parsed.
 
     Args:
         path: the artifact directory.
@@ -24,10 +30,16 @@ def open_verified(path, verify=True, only=None, verbose=False, validate=True):
         verbose: progress of the hashing (see `keras_vllm.progress`); off by
             default, for the many processes that re-open an artifact.
         validate: whether to run the cross-file consistency checks.
+        public_key: path of the PEM public key the artifact must be signed
+            by; None uses `KERAS_VLLM_PUBLIC_KEY` (unset: no signature
+            needed).
 
     Returns:
         A `keras_vllm.format.Artifact` (one per directory and process).
     """
+    if public_key_for(public_key)[0] is not None:
+        with progress.phase("verifying the signature", verbose=verbose):
+            require_signature(path, public_key)
     opened = fmt.open_artifact(path, verify=False)
     if verify:
         opened.verify(only, report=lambda total: _hashing(total, verbose))

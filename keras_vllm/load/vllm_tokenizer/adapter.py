@@ -105,22 +105,25 @@ class KerasVllmTokenizer(TokenizerLike):
 
         The checksums of the files it reads (tokenizer assets, chat
         template) are verified, not the weights': vLLM loads a tokenizer in
-        several processes, and the engine verifies the whole artifact. The
+        several processes, and the engine verifies the whole artifact
+        (`KERAS_VLLM_PUBLIC_KEY`: its signature first, once per process). The
         tokenizer must reproduce the ids recorded at export
         (`keras_vllm.load_tokenizer`).
         `truncation_side` is honoured; vLLM's other keyword arguments (hub
         revision, download dir, ...) do not apply to a local artifact.
         """
         from keras_vllm.load.keras_loader import load_tokenizer
+        from keras_vllm.load.opening import open_verified
 
         path = os.fspath(path_or_repo_id)
-        # Verified and cross-checked here: vLLM's front-end processes load
-        # the tokenizer before (or without) the engine's own checks.
-        opened = fmt.open_artifact(
-            path, only=(fmt.TOKENIZER_DIR + "/", fmt.CHAT_TEMPLATE_FILE)
-        )
-        opened.validate()
-        manifest = opened.manifest
+        # Verified (signature first, under a policy) and cross-checked here:
+        # vLLM's front-end processes load the tokenizer before (or without)
+        # the engine's own checks.
+        manifest = open_verified(
+            path,
+            only=(fmt.TOKENIZER_DIR + "/", fmt.CHAT_TEMPLATE_FILE),
+            validate=True,
+        ).manifest
         return cls(
             load_tokenizer(path, manifest=manifest),
             manifest,
