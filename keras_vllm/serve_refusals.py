@@ -86,6 +86,39 @@ def model_directory(argv):
     return model if model and os.path.isdir(model) else None
 
 
+def option_value(argv, names):
+    """The value of the last `--name VALUE` / `--name=VALUE` in `argv`."""
+    value = None
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+    return value
+
+
+def tensor_parallel_refusal(path, argv):
+    """Why `vllm serve` cannot split this artifact over the asked devices,
+    or None."""
+    from keras_vllm.errors import KerasVllmError
+    from keras_vllm.load import tensor_parallel
+
+    size = option_value(argv, ("--tensor-parallel-size", "-tp"))
+    if size is None:
+        return None
+    config = _read_json(os.path.join(path, fmt.CONFIG_FILE))
+    if not isinstance(config, dict) or config.get("model_type") != (
+        fmt.MODEL_TYPE
+    ):
+        return None  # not ours: vLLM checks its own models
+    try:
+        tensor_parallel.check_tensor_parallel(config, size, path)
+    except KerasVllmError as e:
+        return f"keras-vllm: {type(e).__name__}: {e}"
+    return None
+
+
 def refuse_unservable_directory():
     """Exits `vllm serve DIR` with keras-vllm's message when DIR cannot be
     served (see `refusal`); does nothing in any other process."""
@@ -94,7 +127,7 @@ def refuse_unservable_directory():
     path = model_directory(sys.argv)
     if path is None:
         return
-    message = refusal(path)
+    message = refusal(path) or tensor_parallel_refusal(path, sys.argv)
     if message is not None:
         print(message, file=sys.stderr, flush=True)
         raise SystemExit(EXIT_REFUSED)
