@@ -49,12 +49,15 @@ def _export(args):
 
 def _inspect(args):
     from keras_vllm.inspect_artifact import summary
+    from keras_vllm.inspect_artifact import tensor_parallel_lines
     from keras_vllm.load.opening import open_verified
 
     manifest = open_verified(
         args.artifact, verify=not args.no_verify, validate=False
     ).manifest
     print(summary(args.artifact, manifest))
+    for line in tensor_parallel_lines(args.artifact, manifest):
+        print(line)
     return EXIT_OK
 
 

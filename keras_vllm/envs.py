@@ -264,6 +264,14 @@ TRANSFORMERS_VERBOSITY = Variable(
     "logs.py",
 )
 
+RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY = Variable(
+    "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY",
+    "comma-separated prefixes",
+    None,
+    "vLLM's: KERAS_ is added, so that the KERAS_* variables (backend, NNX, "
+    "keras-vllm's own) reach Ray workers on other hosts.",
+    "plugin.py",
+)
 XLA_FLAGS = Variable(
     "XLA_FLAGS",
     "XLA's flags",
@@ -325,6 +333,7 @@ VARIABLES = (
     WORKER_MULTIPROC_METHOD,
     LOGGING_LEVEL,
     TRANSFORMERS_VERBOSITY,
+    RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY,
     XLA_FLAGS,
     ENABLE_V1_MULTIPROCESSING,
     TF_ENABLE_ONEDNN_OPTS,

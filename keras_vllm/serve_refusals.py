@@ -99,13 +99,14 @@ def option_value(argv, names):
 
 
 def tensor_parallel_refusal(path, argv):
-    """Why `vllm serve` cannot split this artifact over the asked devices,
-    or None."""
+    """Why `vllm serve` cannot split this artifact over the devices its
+    `--tensor-parallel-size` / `--data-parallel-size` ask for, or None."""
     from keras_vllm.errors import KerasVllmError
     from keras_vllm.load import tensor_parallel
 
     size = option_value(argv, ("--tensor-parallel-size", "-tp"))
-    if size is None:
+    data = option_value(argv, ("--data-parallel-size", "-dp"))
+    if size is None and data is None:
         return None
     config = _read_json(os.path.join(path, fmt.CONFIG_FILE))
     if not isinstance(config, dict) or config.get("model_type") != (
@@ -113,7 +114,10 @@ def tensor_parallel_refusal(path, argv):
     ):
         return None  # not ours: vLLM checks its own models
     try:
-        tensor_parallel.check_tensor_parallel(config, size, path)
+        if size is not None:
+            tensor_parallel.check_tensor_parallel(config, size, path)
+        if data is not None:
+            tensor_parallel.check_data_parallel(data, path)
     except KerasVllmError as e:
         return f"keras-vllm: {type(e).__name__}: {e}"
     return None

@@ -8,6 +8,11 @@ so JAX already runs here with one CPU device: the engine process is spawned
 and gets its devices by itself.
 """
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
 pytest.importorskip("tpu_inference")
@@ -15,6 +20,10 @@ pytestmark = pytest.mark.serving
 
 from helpers import serving_checks  # noqa: E402
 from helpers.trained_models import trained  # noqa: E402
+from keras_vllm import format as fmt  # noqa: E402
+from keras_vllm import serve_refusals  # noqa: E402
+from keras_vllm.load import capacity  # noqa: E402
+from keras_vllm.load import tensor_parallel  # noqa: E402
 
 # One family per mechanism the mesh must split correctly.
 MECHANISMS = {
@@ -80,3 +89,61 @@ def test_every_device_holds_its_share(served):
     names = " ".join(split)
     for role in ("query", "embeddings"):
         assert role in names, (role, sorted(split))
+
+
+def test_inspect_predicts_the_placement(served):
+    """`keras-vllm inspect`'s per-device weight bytes (from the backbone
+    built with shapes only) are what the engine really holds."""
+    _, tp, _, engine = served
+    manifest = fmt.open_artifact(engine.path, verify=False).manifest
+    config = fmt.open_artifact(engine.path, verify=False).read_json(
+        fmt.CONFIG_FILE
+    )
+    rows = capacity.per_device(
+        capacity.abstract_backbone(manifest), config, manifest["dtype"], (tp,)
+    )
+    assert rows[0][1] == max(engine.weights_layout()["devices"])
+
+
+@pytest.fixture(scope="module")
+def llama_artifact(tmp_path_factory):
+    return trained("llama").export_vllm(
+        tmp_path_factory.mktemp("llama") / "artifact", golden_prompts=[]
+    )
+
+
+def test_unshardable_size_is_refused_before_vllm_starts(llama_artifact):
+    import keras_vllm
+
+    with pytest.raises(keras_vllm.ServingError) as info:
+        keras_vllm.KerasVllmEngine.from_export(
+            llama_artifact, tensor_parallel_size=3
+        )
+    message = str(info.value)
+    assert "4 query heads and 2 key/value heads" in message
+    assert "Sizes that work: 1, 2, 4." in message
+    with pytest.raises(keras_vllm.ServingError, match="data_parallel_size=2"):
+        keras_vllm.KerasVllmEngine.from_export(
+            llama_artifact, data_parallel_size=2
+        )
+
+
+def test_vllm_serve_refuses_an_unshardable_size(llama_artifact):
+    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
+    start = time.time()
+    result = subprocess.run(
+        [vllm, "serve", llama_artifact, "--tensor-parallel-size", "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == serve_refusals.EXIT_REFUSED, result.stderr[-3000:]
+    assert "tensor_parallel_size=8 cannot serve" in result.stderr
+    assert "Sizes that work: 1, 2, 4." in result.stderr
+    assert time.time() - start < 60  # refused before any engine starts
+
+
+def test_valid_sizes_follow_tpu_inference_head_rules():
+    assert tensor_parallel.valid_sizes(32, 8, up_to=64) == [1, 2, 4, 8, 16, 32]
+    assert tensor_parallel.valid_sizes(8, 1, up_to=16) == [1, 2, 4, 8]
+    assert tensor_parallel.valid_sizes(6, 3, up_to=8) == [1, 3, 6]

@@ -24,23 +24,27 @@ class KerasVllmWorkerExtension:
         """
         import jax
 
+        from keras_vllm.load import sharding
+
         runner = self.model_runner
         devices = list(runner.mesh.devices.flat)
         held = {device: 0 for device in devices}
+        # Bytes from the state the jitted step runs on; names from the
+        # Keras variables of the same model (nnx paths name attributes).
+        for leaf in jax.tree_util.tree_leaves(runner.state):
+            if isinstance(leaf, jax.Array):
+                for shard in leaf.addressable_shards:
+                    if shard.device in held:
+                        held[shard.device] += shard.data.nbytes
         variables = {}
-        flat = jax.tree_util.tree_flatten_with_path(runner.state)[0]
-        for key_path, leaf in flat:
-            if not isinstance(leaf, jax.Array):
-                continue
-            for shard in leaf.addressable_shards:
-                if shard.device in held:
-                    held[shard.device] += shard.data.nbytes
-            spec = getattr(leaf.sharding, "spec", None)
-            variables[_path(key_path)] = {
-                "shape": list(leaf.shape),
-                "dtype": str(leaf.dtype),
+        for _, variable in sharding.owned_variables(runner.model.backbone):
+            value = variable.value
+            spec = getattr(value.sharding, "spec", None)
+            variables[variable.path] = {
+                "shape": list(value.shape),
+                "dtype": str(value.dtype),
                 "spec": [_axis(a) for a in spec] if spec is not None else [],
-                "bytes": int(leaf.nbytes),
+                "bytes": int(value.nbytes),
             }
         return {
             "devices": [held[device] for device in devices],
@@ -52,14 +56,3 @@ def _axis(axis):
     if axis is None or isinstance(axis, str):
         return axis
     return "+".join(axis)
-
-
-def _path(key_path):
-    """A state path as `backbone/.../kernel` (nnx keys, no value suffix)."""
-    parts = []
-    for key in key_path:
-        name = getattr(key, "key", getattr(key, "name", getattr(key, "idx", key)))
-        parts.append(str(name))
-    if parts and parts[-1] in ("value", "raw_value"):
-        parts.pop()
-    return "/".join(parts)
