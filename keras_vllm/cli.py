@@ -53,6 +53,7 @@ def _export(args):
 
 def _inspect(args):
     from keras_vllm.inspect_artifact import summary
+    from keras_vllm.inspect_artifact import tensor_parallel_lines
     from keras_vllm.load.opening import open_verified
 
     cli_signing.check_trust(args)
@@ -62,6 +63,8 @@ def _inspect(args):
         args.artifact, verify=not args.no_verify, public_key=args.public_key
     ).manifest
     print(summary(args.artifact, manifest))
+    for line in tensor_parallel_lines(args.artifact, manifest):
+        print(line)
     return EXIT_OK
 
 

@@ -15,6 +15,12 @@ logger = logging.getLogger("keras_vllm")
 # vLLM needs room for at least one full sequence; tiny CPU models need far
 # less than vLLM's GPU-oriented defaults.
 _DEFAULT_MAX_NUM_SEQS = 64
+# On a CPU host (tests, laptops) every start compiles one program per token
+# bucket (16 ... max_num_batched_tokens) and request bucket (8 ...
+# max_num_seqs): 6 x 2 programs here instead of 8 x 4 start in well under
+# half the time, and a CPU serves no more requests per step usefully.
+_CPU_MAX_NUM_SEQS = 16
+_CPU_MAX_NUM_BATCHED_TOKENS = 512
 
 
 def serving_defaults(path, manifest, overrides):
@@ -25,6 +31,8 @@ def serving_defaults(path, manifest, overrides):
             starts (and before its memory profiling run).
     """
     from keras_vllm.cpu import detect
+    from keras_vllm.load import tensor_parallel
+    from keras_vllm.load.worker_extension import WORKER_EXTENSION
 
     config_path = fmt.safe_join(path, fmt.CONFIG_FILE)
     if not manifest.get("servable", True) or not os.path.isfile(config_path):
@@ -44,9 +52,12 @@ def serving_defaults(path, manifest, overrides):
         "max_num_seqs": _DEFAULT_MAX_NUM_SEQS,
         "generation_config": "auto",
         "seed": 0,
+        # keras-vllm's worker methods (`KerasVllmEngine.weights_layout()`).
+        "worker_extension_cls": WORKER_EXTENSION,
     }
     if detect.is_cpu_host():
-        kwargs["max_num_batched_tokens"] = 2048
+        kwargs["max_num_seqs"] = _CPU_MAX_NUM_SEQS
+        kwargs["max_num_batched_tokens"] = _CPU_MAX_NUM_BATCHED_TOKENS
     kwargs.update(overrides)
     max_len = kwargs.get("max_model_len")
     if max_len is not None and int(max_len) > max_positions:
@@ -56,6 +67,10 @@ def serving_defaults(path, manifest, overrides):
             f"{max_positions}, or re-export with a larger "
             "`max_sequence_length` if the model supports it."
         )
+    tensor_parallel.check_tensor_parallel(
+        config, kwargs.get("tensor_parallel_size", 1), path
+    )
+    tensor_parallel.check_data_parallel(kwargs.get("data_parallel_size", 1), path)
     dtype = kwargs.get("dtype")
     if dtype not in (None, "auto") and str(dtype) not in fmt.SUPPORTED_DTYPES:
         raise ServingError(
@@ -86,8 +101,9 @@ def _choose_process_start_method():
     vLLM forks its engine process by default, and a forked child of a
     process with a live JAX runtime aborts. A process that trained or
     exported a model in memory has one, so the engine process is spawned
-    instead (as for any spawn-based program, the calling script must guard
-    its entry point with `if __name__ == "__main__":`).
+    instead; `_spawned_engine_skips_main` keeps the spawned process from
+    re-running the calling script, so no `if __name__ == "__main__":`
+    guard is needed.
     """
     if envs.WORKER_MULTIPROC_METHOD.raw() is None and _jax_started():
         envs.WORKER_MULTIPROC_METHOD.set("spawn")
@@ -95,6 +111,40 @@ def _choose_process_start_method():
             "keras-vllm: JAX is already running in this process, so vLLM's "
             "engine process is spawned rather than forked."
         )
+
+
+@contextlib.contextmanager
+def _spawned_engine_skips_main():
+    """Keeps a spawned engine process from re-running the caller's script.
+
+    A spawned child re-imports the parent's `__main__` (by path, or by
+    module name under `python -m`) before it runs its target. A top-level
+    script without an `if __name__ == "__main__":` guard, the way tutorials
+    and notebooks-turned-scripts are written, would then fine-tune and
+    export again in the engine process and die in multiprocessing's
+    "bootstrapping phase" error. vLLM's engine process needs nothing from
+    the caller's `__main__` (its target and arguments are vLLM's), so while
+    it starts, `__main__` is presented as an interactive session, which
+    spawn does not re-import.
+    """
+    import sys
+
+    main = sys.modules.get("__main__")
+    if main is None or envs.WORKER_MULTIPROC_METHOD.raw() != "spawn":
+        yield
+        return
+    saved = {
+        key: main.__dict__[key]
+        for key in ("__file__", "__spec__")
+        if key in main.__dict__
+    }
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
 
 
 def _resolve_preset(preset):
@@ -214,7 +264,8 @@ class KerasVllmEngine:
                 # registering here too covers an in-process engine and
                 # editable installs.
                 plugin.register()
-                llm = vllm.LLM(**kwargs)
+                with _spawned_engine_skips_main():
+                    llm = vllm.LLM(**kwargs)
         return cls(llm, path, manifest)
 
     def shutdown(self):
@@ -273,6 +324,26 @@ class KerasVllmEngine:
             if (served := list(output.outputs[0].token_ids))
             != record["output_ids"]
         ]
+
+    def weights_layout(self):
+        """How the served weights lie on the engine's devices.
+
+        Read in vLLM's worker, from the arrays the jitted step runs on.
+
+        Example:
+
+        ```python
+        engine = KerasVllmEngine.from_export(path, tensor_parallel_size=2)
+        layout = engine.weights_layout()
+        layout["devices"]  # bytes of weights on each device
+        layout["variables"]["backbone/token_embedding/embeddings"]["spec"]
+        ```
+
+        Returns:
+            The first worker's `{"devices": [bytes, ...], "variables":
+            {path: {"shape", "dtype", "spec", "bytes"}}}`.
+        """
+        return self.llm.collective_rpc("keras_vllm_weights")[0]
 
     def generate(self, prompts, sampling_params=None, **kwargs):
         """Generates completions; see `vllm.LLM.generate`.

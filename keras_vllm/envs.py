@@ -137,7 +137,8 @@ CPU_MEMORY_GB = Variable(
     "KERAS_VLLM_CPU_MEMORY_GB",
     "a positive number",
     4.0,
-    "Fake HBM per JAX CPU device in GiB; vLLM sizes the KV cache from it.",
+    "Fake HBM of the CPU host in GiB, shared by its JAX CPU devices; vLLM "
+    "sizes the KV cache from it.",
     "cpu/patches.py",
     _positive(float),
 )
@@ -273,6 +274,32 @@ TRANSFORMERS_VERBOSITY = Variable(
     "logs.py",
 )
 
+RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY = Variable(
+    "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY",
+    "comma-separated prefixes",
+    None,
+    "vLLM's: KERAS_ is added, so that the KERAS_* variables (backend, NNX, "
+    "keras-vllm's own) reach Ray workers on other hosts.",
+    "plugin.py",
+)
+XLA_FLAGS = Variable(
+    "XLA_FLAGS",
+    "XLA's flags",
+    None,
+    "On a CPU host, --xla_force_host_platform_device_count is raised to the "
+    "devices a tensor-parallel engine needs before its process starts JAX.",
+    "cpu/devices.py",
+)
+ENABLE_V1_MULTIPROCESSING = Variable(
+    "VLLM_ENABLE_V1_MULTIPROCESSING",
+    "0 or 1",
+    True,
+    "vLLM's: 0 runs the engine in the calling process (its JAX devices are "
+    "then the caller's).",
+    "cpu/patches.py",
+    parse=_flag,
+)
+
 TF_ENABLE_ONEDNN_OPTS = Variable(
     "TF_ENABLE_ONEDNN_OPTS",
     "TensorFlow's flag",
@@ -317,6 +344,9 @@ VARIABLES = (
     WORKER_MULTIPROC_METHOD,
     LOGGING_LEVEL,
     TRANSFORMERS_VERBOSITY,
+    RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY,
+    XLA_FLAGS,
+    ENABLE_V1_MULTIPROCESSING,
     TF_ENABLE_ONEDNN_OPTS,
     TF_CPP_MIN_LOG_LEVEL,
     TF_ENABLED_DEVICE_TYPES,
@@ -329,7 +359,7 @@ def device():
 
 
 def cpu_memory_gb():
-    """The fake HBM budget per JAX CPU device, in GiB (default 4)."""
+    """The fake HBM budget of the CPU host, in GiB (default 4)."""
     return CPU_MEMORY_GB.get()
 
 

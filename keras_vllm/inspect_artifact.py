@@ -65,3 +65,31 @@ def summary(path, manifest):
             f"({len(weight_files)} orbax files)"
         )
     return "\n".join(lines)
+
+
+def tensor_parallel_lines(path, manifest):
+    """Per-device weight and KV cache bytes at TP = 1, 2, 4, 8 (stored
+    dtype), from the backbone built with shapes only."""
+    from keras_vllm.load import capacity
+
+    if not manifest.get("servable", True):
+        return []
+    config = fmt.open_artifact(path, verify=False).read_json(fmt.CONFIG_FILE)
+    rows = capacity.per_device(
+        capacity.abstract_backbone(manifest), config, manifest["dtype"]
+    )
+    lines = [
+        f"per device      TP  weights ({manifest['dtype']})  KV cache per token"
+    ]
+    for size, weights, kv in rows:
+        if weights is None:
+            lines.append(
+                f"                {size:>2}  (attention heads do not split "
+                f"over {size})"
+            )
+        else:
+            lines.append(
+                f"                {size:>2}  {_size(weights):>18}  {_size(kv):>18}"
+            )
+    return lines
+

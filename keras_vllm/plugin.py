@@ -39,6 +39,7 @@ def register():
     serve_refusals.refuse_unservable_directory()
     logs.drop_gloo_connected_lines()
     envs.KERAS_BACKEND.setdefault(envs.KERAS_BACKEND.default)
+    _keras_variables_reach_ray_workers()
     from keras_vllm.cpu import detect
 
     if detect.is_cpu_host():
@@ -63,6 +64,27 @@ def register():
     _default_tokenizer_mode_for_artifacts()
     _serve_stored_dtype()
     _no_system_first_probe_without_template()
+
+
+def _keras_variables_reach_ray_workers():
+    """Adds `KERAS_` to the prefixes vLLM's Ray executor copies to workers.
+
+    On a multi-host slice (tpu-inference's `TPU_MULTIHOST_BACKEND=ray`) the
+    workers on other hosts see only the variables vLLM copies: its own and a
+    few prefixes. `KERAS_BACKEND`, `KERAS_NNX_ENABLED` and keras-vllm's
+    `KERAS_VLLM_*` must reach them for the model to build the same way.
+    """
+    from keras_vllm import envs
+
+    prefixes = [
+        p.strip()
+        for p in (envs.RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY.raw() or "").split(",")
+        if p.strip()
+    ]
+    if "KERAS_" not in prefixes:
+        envs.RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY.set(
+            ",".join(prefixes + ["KERAS_"])
+        )
 
 
 def _is_artifact(path):

@@ -98,6 +98,43 @@ def model_directory(argv):
     return model if model and os.path.isdir(model) else None
 
 
+def option_value(argv, names):
+    """The value of the last `--name VALUE` / `--name=VALUE` in `argv`."""
+    value = None
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+    return value
+
+
+def tensor_parallel_refusal(path, argv):
+    """Why `vllm serve` cannot split this artifact over the devices its
+    `--tensor-parallel-size` / `--data-parallel-size` ask for, or None."""
+    from keras_vllm.errors import KerasVllmError
+    from keras_vllm.load import tensor_parallel
+
+    size = option_value(argv, ("--tensor-parallel-size", "-tp"))
+    data = option_value(argv, ("--data-parallel-size", "-dp"))
+    if size is None and data is None:
+        return None
+    config = _read_json(os.path.join(path, fmt.CONFIG_FILE))
+    if not isinstance(config, dict) or config.get("model_type") != (
+        fmt.MODEL_TYPE
+    ):
+        return None  # not ours: vLLM checks its own models
+    try:
+        if size is not None:
+            tensor_parallel.check_tensor_parallel(config, size, path)
+        if data is not None:
+            tensor_parallel.check_data_parallel(data, path)
+    except KerasVllmError as e:
+        return f"keras-vllm: {type(e).__name__}: {e}"
+    return None
+
+
 def refuse_unservable_directory():
     """Exits `vllm serve DIR` with keras-vllm's message when DIR cannot be
     served (see `refusal`); does nothing in any other process."""
@@ -106,7 +143,7 @@ def refuse_unservable_directory():
     path = model_directory(sys.argv)
     if path is None:
         return
-    message = refusal(path)
+    message = refusal(path) or tensor_parallel_refusal(path, sys.argv)
     if message is not None:
         print(message, file=sys.stderr, flush=True)
         raise SystemExit(EXIT_REFUSED)

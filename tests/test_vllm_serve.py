@@ -1,4 +1,11 @@
-"""`vllm serve ARTIFACT` (plain vLLM CLI, our plugin only) over HTTP."""
+"""`vllm serve ARTIFACT` (plain vLLM CLI, our plugin only) over HTTP.
+
+The server splits the model over two devices (`--tensor-parallel-size 2`,
+virtual CPU devices the plugin provides): one engine covers plain
+`vllm serve` and tensor parallelism over HTTP. Single-device serving over
+HTTP is `keras-vllm serve`'s test (`test_cli_engine.py`), which runs this
+same `vllm serve` underneath.
+"""
 
 import os
 import sys
@@ -16,6 +23,7 @@ from keras_vllm import reference  # noqa: E402
 from keras_vllm import testing  # noqa: E402
 
 FAMILY = "llama3"
+TENSOR_PARALLEL_SIZE = 2
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
@@ -38,7 +46,14 @@ def server(model, tmp_path_factory):
     vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
     log_path = tmp_path_factory.mktemp("serve_log") / "server.log"
     with running_server(
-        [vllm, "serve", path, *engine_shapes.SERVE_ARGS],
+        [
+            vllm,
+            "serve",
+            path,
+            "--tensor-parallel-size",
+            str(TENSOR_PARALLEL_SIZE),
+            *engine_shapes.SERVE_ARGS,
+        ],
         log_path,
         timeout=400,
     ) as url:

@@ -170,8 +170,11 @@ def _rebind(original, replacement, home_module, name):
 
 def _memory_budget_bytes():
     # vLLM sizes the KV cache from this fake HBM budget per CPU device:
-    # gpu_memory_utilization x budget - memory in use.
-    return int(envs.cpu_memory_gb() * _GIB)
+    # gpu_memory_utilization x budget - memory in use. Virtual CPU devices
+    # share one host's memory, so the host's budget is split over them (a
+    # TP=4 engine must not allocate four times a TP=1 engine's cache).
+    import jax
+    return int(envs.cpu_memory_gb() * _GIB) // max(1, len(jax.devices()))
 
 
 def _live_bytes_per_device(devices):
@@ -412,6 +415,16 @@ def _patch_async_scheduling():
         return
 
     def check_and_update_config(cls, vllm_config):
+        # Before the original: it may be the last call before vLLM starts
+        # the engine process, which must inherit the device count.
+        if detect.is_cpu_host():
+            from keras_vllm.cpu import devices
+
+            parallel = vllm_config.parallel_config
+            devices.request_devices(
+                parallel.tensor_parallel_size * parallel.data_parallel_size,
+                engine_in_this_process=not envs.ENABLE_V1_MULTIPROCESSING.get(),
+            )
         original(cls, vllm_config)
         disable_async_scheduling_if_cpu(vllm_config)
 

@@ -21,6 +21,7 @@ from keras_vllm.layers.context import serving_context
 from keras_vllm.layers.swap import swap_in_paged_layers
 from keras_vllm.load.keras_loader import build_backbone
 from keras_vllm.load.opening import open_verified
+from keras_vllm.load.sharding import shard_backbone
 
 logger = logging.getLogger("keras_vllm")
 
@@ -60,6 +61,9 @@ class KerasVllmForCausalLM(nnx.Module):
                 preset=envs.preset(),
             )
         self.attention_layers = len(swap_in_paged_layers(backbone))
+        # Every variable on the runner's mesh (split for tensor parallelism,
+        # replicated otherwise): the jitted step takes them as they lie.
+        self.placement = shard_backbone(backbone, self.mesh)
         self.backbone = backbone
         logger.info(
             "keras-vllm: serving %s (%d attention layers, %s)",

@@ -1,0 +1,232 @@
+"""Where each backbone variable lives on a tensor-parallel mesh.
+
+Keras variables carry no partition metadata tpu-inference can read, so the
+serving model places every variable itself, once, after the backbone is
+built. The rules follow the Keras layer that owns a variable, never a model
+family (tpu-inference's own JAX models shard the same way):
+
+* an `EinsumDense` projecting into heads (`q`, `k`, `v`: the output has a
+  heads axis the input lacks) is split over its heads, as is its bias; one
+  projecting heads back out (the attention output) over its heads input;
+* any other 2-D projection by its role around the model's hidden size:
+  `hidden -> wider` (MLP up and gate) over its output columns, with its
+  bias; `anything -> hidden` (MLP down, a flat attention output) over its
+  input rows;
+* `ReversibleEmbedding` (token embedding and output head) over the
+  vocabulary;
+* rank-3 variables of other layers (mixture-of-experts weights,
+  `[experts, in, out]`) over their experts;
+* everything else (norms, position embeddings, biases added after a
+  row-split matmul, routers that do not divide) is replicated.
+
+A dimension that does not divide by the mesh's axis size stays replicated,
+so every placement is valid; the attention heads themselves are checked
+before vLLM starts (`keras_vllm.load.tensor_parallel`). XLA partitions the
+backbone's graph from these placements and inserts the reductions, so the
+numbers are those of one device (up to float summation order). A paged
+layer class may override the rule for its own variables with
+`tensor_parallel_axes(variable) -> axis | None | NotImplemented`.
+"""
+
+import keras
+from keras import layers
+
+# Which mesh axis each role is split over, as tpu-inference names them.
+HEADS = "heads"
+MLP = "mlp"
+VOCAB = "vocab"
+EXPERTS = "experts"
+
+
+def _equation_parts(layer):
+    inputs, output = layer.equation.split("->")
+    left, kernel = inputs.split(",")
+    return left, kernel, output
+
+
+def _heads_letter(layer):
+    """The kernel letter of the heads axis of a heads projection, or None."""
+    left, kernel, output = _equation_parts(layer)
+    if len(output) > len(left) and output[-2] in kernel:
+        return output[-2]  # hidden -> [heads, head_dim]
+    if len(left) > len(output) and left[-2] in kernel:
+        return left[-2]  # [heads, head_dim] -> hidden
+    return None
+
+
+def _projection_axis(shape, hidden_dim):
+    """(axis, role) of a 2-D `[in, out]` kernel, or None to replicate."""
+    fan_in, fan_out = shape
+    if fan_out == hidden_dim:
+        return 0, "row"
+    if fan_in == hidden_dim:
+        return 1, "column"
+    return None
+
+
+def _rule(layer, variable, hidden_dim):
+    """`(axis, role)` a variable of `layer` is split along, or None."""
+    rank = len(variable.shape)
+    if isinstance(layer, layers.EinsumDense):
+        letter = _heads_letter(layer)
+        _, kernel, output = _equation_parts(layer)
+        if variable is layer.kernel:
+            if letter is not None:
+                return kernel.index(letter), HEADS
+            if rank == 2:
+                found = _projection_axis(variable.shape, hidden_dim)
+                return None if found is None else (found[0], MLP)
+            return None
+        bias_axes = getattr(layer, "bias_axes", None) or ""
+        if variable is getattr(layer, "bias", None) and len(bias_axes) == rank:
+            if letter is not None and letter in bias_axes and letter in output:
+                return bias_axes.index(letter), HEADS
+            if rank == 1 and letter is None and layer.kernel.ndim == 2:
+                found = _projection_axis(layer.kernel.shape, hidden_dim)
+                if found is not None and found[1] == "column":
+                    return 0, MLP
+        return None
+    if isinstance(layer, layers.Dense):
+        found = _projection_axis(layer.kernel.shape, hidden_dim)
+        if found is None:
+            return None
+        axis, role = found
+        if variable is layer.kernel:
+            return axis, MLP
+        if variable is getattr(layer, "bias", None) and role == "column":
+            return 0, MLP
+        return None
+    if isinstance(layer, _reversible_embedding()):
+        if variable is layer.embeddings:
+            return 0, VOCAB
+        if variable is getattr(layer, "reverse_embeddings", None):
+            return 1, VOCAB
+        return None
+    if isinstance(layer, layers.Embedding):
+        return None
+    if rank == 3:
+        return 0, EXPERTS
+    return None
+
+
+def _reversible_embedding():
+    """The token-embedding-and-output-head classes (Keras 3.15 has its own;
+    older KerasHub layers subclass keras-hub's)."""
+    from keras_hub.layers import ReversibleEmbedding
+
+    core = getattr(layers, "ReversibleEmbedding", ReversibleEmbedding)
+    return (core, ReversibleEmbedding)
+
+
+def hidden_size(backbone):
+    """The backbone's model width (the residual stream's size)."""
+    width = getattr(backbone, "hidden_dim", None)
+    if width:
+        return int(width)
+    return int(backbone.token_embedding.embeddings.shape[-1])
+
+
+def owned_variables(backbone):
+    """`(layer, variable)` for every backbone variable, each once, with the
+    layer that created it."""
+    seen = set()
+    for layer in backbone._flatten_layers(include_self=True, recursive=True):
+        own = list(layer._trainable_variables) + list(
+            layer._non_trainable_variables
+        )
+        for variable in own:
+            if id(variable) not in seen:
+                seen.add(id(variable))
+                yield layer, variable
+
+
+def variable_axes(backbone, axis_sizes):
+    """The split axis of every backbone variable.
+
+    Args:
+        backbone: a built KerasHub backbone (paged layers swapped in or not).
+        axis_sizes: `{role: devices}` for `HEADS`, `MLP`, `VOCAB`, `EXPERTS`.
+
+    Returns:
+        A dict `{variable.path: (axis, role) or None}`; None is replicated.
+    """
+    hidden_dim = hidden_size(backbone)
+    axes = {}
+    for layer, variable in owned_variables(backbone):
+        rule = NotImplemented
+        override = getattr(layer, "tensor_parallel_axes", None)
+        if override is not None:
+            rule = override(variable)
+            if rule is not None and rule is not NotImplemented:
+                rule = (rule, HEADS)
+        if rule is NotImplemented:
+            rule = _rule(layer, variable, hidden_dim)
+        if rule is not None:
+            axis, role = rule
+            if variable.shape[axis] % axis_sizes[role]:
+                rule = None
+        axes[variable.path] = rule
+    return axes
+
+
+def _partition_spec(rank, rule, axis_names):
+    from jax.sharding import PartitionSpec
+
+    spec = [None] * rank
+    if rule is not None:
+        axis, role = rule
+        spec[axis] = axis_names[role]
+    return PartitionSpec(*spec)
+
+
+def mesh_axes(mesh):
+    """`({role: mesh axis name}, {role: devices along it})` for `mesh`."""
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+    from tpu_inference.utils import get_mesh_shape_product
+
+    names = {
+        HEADS: ShardingAxisName.ATTN_HEAD,
+        MLP: ShardingAxisName.MLP_TENSOR,
+        VOCAB: ShardingAxisName.VOCAB,
+        EXPERTS: ShardingAxisName.EXPERT,
+    }
+    sizes = {
+        role: get_mesh_shape_product(mesh, name) for role, name in names.items()
+    }
+    return names, sizes
+
+
+def shard_backbone(backbone, mesh):
+    """Places every backbone variable on `mesh` by the rules above.
+
+    Uses tpu-inference's `general_device_put`, which under its multi-host
+    (Ray) executor feeds each host only the shards it holds.
+
+    Args:
+        backbone: the built backbone.
+        mesh: the runner's `jax.sharding.Mesh`.
+
+    Returns:
+        `{variable.path: (axis, role) or None}` as placed.
+    """
+    from jax.sharding import NamedSharding
+    from tpu_inference.layers.common.utils import general_device_put
+
+    names, sizes = mesh_axes(mesh)
+    axes = variable_axes(backbone, sizes)
+    for _, variable in owned_variables(backbone):
+        rule = axes[variable.path]
+        spec = _partition_spec(len(variable.shape), rule, names)
+        value = general_device_put(variable.value, NamedSharding(mesh, spec))
+        variable.assign(value)
+    return axes
+
+
+def device_bytes(backbone):
+    """Bytes of backbone variables held by each device, `{device: bytes}`."""
+    held = {}
+    for _, variable in owned_variables(backbone):
+        value = keras.ops.convert_to_tensor(variable.value)
+        for shard in value.addressable_shards:
+            held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+    return held

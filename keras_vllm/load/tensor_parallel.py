@@ -1,0 +1,87 @@
+"""Which tensor-parallel sizes an artifact can be served with.
+
+tpu-inference splits attention over the mesh's `model` axis by heads: query
+heads must divide by the TP size, and key/value heads either divide by it or
+divide it (fewer KV heads than devices are repeated, as in its
+`get_padded_num_heads`). Anything else would fail deep inside the runner
+after minutes of loading, so serving entry points check here first, from the
+head counts in the artifact's `config.json` (no JAX, no model build).
+"""
+
+from keras_vllm.errors import ServingError
+
+# Sizes listed in messages: every power of two a TPU slice offers and more.
+_LISTED_UP_TO = 64
+
+
+def shardable(num_heads, num_kv_heads, size):
+    """Whether attention with these heads splits over `size` devices."""
+    if size < 1 or num_heads % size:
+        return False
+    return num_kv_heads % size == 0 or size % num_kv_heads == 0
+
+
+def valid_sizes(num_heads, num_kv_heads, up_to=_LISTED_UP_TO):
+    """Every TP size up to `up_to` these heads can be served with."""
+    return [
+        size
+        for size in range(1, up_to + 1)
+        if shardable(num_heads, num_kv_heads, size)
+    ]
+
+
+def check_tensor_parallel(config, size, where):
+    """Refuses a TP size the artifact's attention heads cannot split over.
+
+    Args:
+        config: the artifact's parsed `config.json`.
+        size: the requested tensor-parallel size.
+        where: the artifact, as the message names it.
+
+    Raises:
+        ServingError: naming the head counts and the sizes that work.
+    """
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    try:
+        size = int(size)
+    except (TypeError, ValueError):
+        size = 0
+    if shardable(heads, kv_heads, size):
+        return
+    sizes = ", ".join(str(s) for s in valid_sizes(heads, kv_heads))
+    raise ServingError(
+        f"tensor_parallel_size={size} cannot serve {where}: its attention "
+        f"has {heads} query heads and {kv_heads} key/value heads, and "
+        "tensor parallelism splits attention by heads (query heads must "
+        "divide by the size; key/value heads must divide by it or divide "
+        f"it). Sizes that work: {sizes}."
+    )
+
+
+def check_data_parallel(size, where):
+    """Refuses `data_parallel_size > 1`, which keras-vllm does not serve.
+
+    tpu-inference 0.32 folds data parallelism into the mesh's `data` axis of
+    one engine, and its attention then expects each data shard's requests
+    laid out per shard; keras-vllm's serving model has not been made or
+    tested to split its ragged batch that way, so it refuses rather than
+    risk wrong tokens.
+
+    Raises:
+        ServingError: naming what to use instead.
+    """
+    try:
+        size = int(size)
+    except (TypeError, ValueError):
+        size = 0
+    if size == 1:
+        return
+    raise ServingError(
+        f"data_parallel_size={size} is not supported for {where}: keras-vllm "
+        "serves one engine per model replica. Use tensor_parallel_size to "
+        "spread one replica over several chips, and run one engine (or one "
+        "`vllm serve`) per replica behind a load balancer for more "
+        "throughput."
+    )
+

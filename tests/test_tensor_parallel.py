@@ -1,0 +1,149 @@
+"""Tensor-parallel serving on virtual JAX CPU devices, token for token.
+
+One engine per (family, TP size), for one family per attention mechanism,
+each on the same fine-tuned tiny model as the single-device serving tests
+(`test_serving_families.py` shows TP=1 serving equals `generate()`, so equal
+tokens here are equal to TP=1 as well). The test process trained the models,
+so JAX already runs here with one CPU device: the engine process is spawned
+and gets its devices by itself.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("tpu_inference")
+pytestmark = pytest.mark.serving
+
+from helpers import serving_checks  # noqa: E402
+from helpers.trained_models import trained  # noqa: E402
+from keras_vllm import format as fmt  # noqa: E402
+from keras_vllm import serve_refusals  # noqa: E402
+from keras_vllm.load import capacity  # noqa: E402
+from keras_vllm.load import tensor_parallel  # noqa: E402
+
+# One family per mechanism the mesh must split correctly.
+MECHANISMS = {
+    "llama": "rotary GQA; 2 KV heads, repeated over 4 devices",
+    "gpt2": "learned positions, multi-head attention",
+    "gemma2": "attention soft cap and sliding window",
+    "mixtral": "mixture of experts",
+    "bloom": "ALiBi",
+    "qwen3": "query/key norms",
+}
+TP_SIZES = (2, 4)
+CASES = [(family, tp) for family in MECHANISMS for tp in TP_SIZES]
+
+
+@pytest.fixture(
+    scope="module", params=CASES, ids=[f"{f}-tp{tp}" for f, tp in CASES]
+)
+def served(request, tmp_path_factory):
+    family, tp = request.param
+    model = trained(family)
+    engine = serving_checks.start_engine(
+        model,
+        tmp_path_factory.mktemp(f"{family}_tp{tp}") / "artifact",
+        tensor_parallel_size=tp,
+    )
+    yield family, tp, model, engine
+    serving_checks.shutdown(engine)
+
+
+def test_greedy_matches_generate(served):
+    _, _, model, engine = served
+    serving_checks.check_greedy_matches_generate(engine, model)
+
+
+def test_prompt_logprobs_match_forward_pass(served):
+    _, _, model, engine = served
+    serving_checks.check_prompt_logprobs(engine, model, atol=1e-4)
+
+
+def _devices_along(spec, mesh_size):
+    return mesh_size ** sum(axis is not None for axis in spec)
+
+
+def test_every_device_holds_its_share(served):
+    """Per-device bytes are the replicated variables plus 1/N of the split
+    ones, read from the arrays the engine's jitted step runs on."""
+    family, tp, _, engine = served
+    layout = engine.weights_layout()
+    assert len(layout["devices"]) == tp
+    variables = layout["variables"]
+    expected = sum(
+        v["bytes"] // _devices_along(v["spec"], tp) for v in variables.values()
+    )
+    assert layout["devices"] == [expected] * tp
+    split = {p: v for p, v in variables.items() if any(v["spec"])}
+    total = sum(v["bytes"] for v in variables.values())
+    split_bytes = sum(v["bytes"] for v in split.values())
+    # Attention, MLP (or experts) and the vocabulary are split; what stays
+    # whole is norms, biases after a split matmul, position tables and, at
+    # TP=4, the 2 KV heads of GQA families.
+    assert split_bytes / total > 0.6, (family, tp, split_bytes / total)
+    assert max(layout["devices"]) < total / tp + (total - split_bytes)
+    names = " ".join(split)
+    for role in ("query", "embeddings"):
+        assert role in names, (role, sorted(split))
+
+
+def test_inspect_predicts_the_placement(served):
+    """`keras-vllm inspect`'s per-device weight bytes (from the backbone
+    built with shapes only) are what the engine really holds."""
+    _, tp, _, engine = served
+    manifest = fmt.open_artifact(engine.path, verify=False).manifest
+    config = fmt.open_artifact(engine.path, verify=False).read_json(
+        fmt.CONFIG_FILE
+    )
+    rows = capacity.per_device(
+        capacity.abstract_backbone(manifest), config, manifest["dtype"], (tp,)
+    )
+    assert rows[0][1] == max(engine.weights_layout()["devices"])
+
+
+@pytest.fixture(scope="module")
+def llama_artifact(tmp_path_factory):
+    return trained("llama").export_vllm(
+        tmp_path_factory.mktemp("llama") / "artifact", golden_prompts=[]
+    )
+
+
+def test_unshardable_size_is_refused_before_vllm_starts(llama_artifact):
+    import keras_vllm
+
+    with pytest.raises(keras_vllm.ServingError) as info:
+        keras_vllm.KerasVllmEngine.from_export(
+            llama_artifact, tensor_parallel_size=3
+        )
+    message = str(info.value)
+    assert "4 query heads and 2 key/value heads" in message
+    assert "Sizes that work: 1, 2, 4." in message
+    with pytest.raises(keras_vllm.ServingError, match="data_parallel_size=2"):
+        keras_vllm.KerasVllmEngine.from_export(
+            llama_artifact, data_parallel_size=2
+        )
+
+
+def test_vllm_serve_refuses_an_unshardable_size(llama_artifact):
+    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
+    start = time.time()
+    result = subprocess.run(
+        [vllm, "serve", llama_artifact, "--tensor-parallel-size", "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == serve_refusals.EXIT_REFUSED, result.stderr[-3000:]
+    assert "tensor_parallel_size=8 cannot serve" in result.stderr
+    assert "Sizes that work: 1, 2, 4." in result.stderr
+    assert time.time() - start < 60  # refused before any engine starts
+
+
+def test_valid_sizes_follow_tpu_inference_head_rules():
+    assert tensor_parallel.valid_sizes(32, 8, up_to=64) == [1, 2, 4, 8, 16, 32]
+    assert tensor_parallel.valid_sizes(8, 1, up_to=16) == [1, 2, 4, 8]
+    assert tensor_parallel.valid_sizes(6, 3, up_to=8) == [1, 3, 6]
