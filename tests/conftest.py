@@ -32,6 +32,23 @@ def compile_cache(tmp_path_factory):
         yield directory
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compile_on_demand():
+    """Test engines compile only the shapes their requests use.
+
+    tpu-inference precompiles every token and request bucket before an
+    engine serves (`SKIP_JAX_PRECOMPILE` skips that; the same programs are
+    then compiled when a step first needs them). Test engines send a few
+    batches, so most buckets would be compiled for nothing: about 37 s of
+    each engine start on these 2 cores. `test_cli_engine.py` keeps the
+    product's warm-up (it starts engines as a user does).
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        if "SKIP_JAX_PRECOMPILE" not in os.environ:
+            patch.setenv("SKIP_JAX_PRECOMPILE", "1")
+        yield
+
+
 @pytest.fixture(scope="session")
 def artifacts_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("artifacts")

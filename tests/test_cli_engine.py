@@ -45,6 +45,15 @@ def _quiet(text):
     assert not found, "\n".join(found[:10])
 
 
+@pytest.fixture(scope="module", autouse=True)
+def product_warm_up():
+    """These commands warm up as they do for users (conftest's
+    `compile_on_demand` skips the precompilation for other test engines)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("SKIP_JAX_PRECOMPILE", raising=False)
+        yield
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     preset = str(tmp_path_factory.mktemp("cli_engine") / "tiny_gpt2")
