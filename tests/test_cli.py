@@ -75,6 +75,11 @@ def test_inspect_summarizes(exported, preset):
     assert result.returncode == 0, result.stderr
     for text in ("GPT2", "preset", preset, "weights", "float32", "files"):
         assert text in result.stdout
+    # Per-device bytes at TP = 1, 2, 4, 8: the tiny GPT-2's 4 heads split
+    # over 1, 2 and 4 devices, not 8.
+    rows = result.stdout.split("per device", 1)[1].splitlines()[1:5]
+    assert [row.split()[0] for row in rows] == ["1", "2", "4", "8"]
+    assert "do not split over 8" in rows[3]
 
 
 def test_verify_passes_then_detects_corruption(exported, tmp_path):

@@ -149,3 +149,82 @@ def test_valid_sizes_follow_tpu_inference_head_rules():
     assert tensor_parallel.valid_sizes(32, 8, up_to=64) == [1, 2, 4, 8, 16, 32]
     assert tensor_parallel.valid_sizes(8, 1, up_to=16) == [1, 2, 4, 8]
     assert tensor_parallel.valid_sizes(6, 3, up_to=8) == [1, 3, 6]
+
+
+def test_cpu_device_count_is_raised_for_the_engine_process(monkeypatch):
+    from keras_vllm.cpu import devices
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")
+    devices.request_devices(4, engine_in_this_process=False)
+    flags = os.environ["XLA_FLAGS"]
+    assert "--xla_cpu_max_isa=AVX2" in flags  # the user's flags are kept
+    assert devices.forced_device_count(flags) == 4
+    devices.request_devices(2, engine_in_this_process=False)  # never lowered
+    assert devices.forced_device_count() == 4
+
+
+def test_in_process_engine_with_too_few_devices_is_refused(monkeypatch):
+    """This test process already runs JAX on one CPU device (it trained the
+    fixtures); an in-process engine cannot get more."""
+    import jax
+
+    import keras_vllm
+    from keras_vllm.cpu import devices
+
+    jax.devices()  # JAX started here, with the session's device count
+    monkeypatch.setenv("XLA_FLAGS", "")
+    with pytest.raises(keras_vllm.ServingError) as info:
+        devices.request_devices(
+            len(jax.devices()) + 1, engine_in_this_process=True
+        )
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" in str(info.value)
+    assert "xla_force_host_platform_device_count" in str(info.value)
+
+
+def test_keras_variables_reach_ray_workers(monkeypatch):
+    from keras_vllm import plugin
+
+    name = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
+    monkeypatch.setenv(name, "MY_")
+    plugin._keras_variables_reach_ray_workers()
+    plugin._keras_variables_reach_ray_workers()
+    assert os.environ[name] == "MY_,KERAS_"
+
+
+def test_placement_rules_by_layer_role():
+    """The split axis of each kind of variable, on a tiny Llama and Mixtral
+    built with shapes only (no family names in the rules)."""
+    from flax import nnx
+
+    from keras_vllm import testing
+    from keras_vllm.load import sharding
+
+    sizes = {role: 2 for role in ("heads", "mlp", "vocab", "experts")}
+    llama = nnx.eval_shape(
+        lambda: testing.backbone_class("llama")(
+            **testing.backbone_config("llama")
+        )
+    )
+    axes = sharding.variable_axes(llama, sizes)
+    layer = "transformer_layer_0/"
+    assert axes[layer + "self_attention/query/kernel"] == (1, "heads")
+    assert axes[layer + "self_attention/key/kernel"] == (1, "heads")
+    assert axes[layer + "self_attention/attention_output/kernel"] == (0, "heads")
+    assert axes[layer + "feedforward_gate_dense/kernel"] == (1, "mlp")
+    assert axes[layer + "feedforward_output_dense/kernel"] == (0, "mlp")
+    assert axes["token_embedding/embeddings"] == (0, "vocab")
+    assert axes["token_embedding/reverse_embeddings"] == (1, "vocab")
+    assert axes[layer + "feedforward_layernorm/scale"] is None
+    # 2 KV heads do not split over 4 devices: replicated (and repeated by
+    # the attention).
+    four = sharding.variable_axes(llama, {role: 4 for role in sizes})
+    assert four[layer + "self_attention/key/kernel"] is None
+    assert four[layer + "self_attention/query/kernel"] == (1, "heads")
+    mixtral = nnx.eval_shape(
+        lambda: testing.backbone_class("mixtral")(
+            **testing.backbone_config("mixtral")
+        )
+    )
+    axes = sharding.variable_axes(mixtral, sizes)
+    experts = [path for path in axes if "experts/expert_" in path]
+    assert experts and all(axes[p] == (0, "experts") for p in experts)

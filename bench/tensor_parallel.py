@@ -1,0 +1,70 @@
+"""Engine start time, output tokens/s and per-device weight bytes at each
+tensor-parallel size, on this host (virtual JAX CPU devices without a TPU).
+
+```
+python bench/tensor_parallel.py --family llama --sizes 1,2 --prompts 16 --max-tokens 64
+```
+
+Prints one row per TP size. The model is a tiny random KerasHub model of the
+family (throughput does not depend on the weights' values), exported once.
+Each engine is started in vLLM's default multiprocess mode with the product's
+warm-up, so start times include compiling every bucket.
+"""
+
+import argparse
+import os
+import tempfile
+import time
+
+
+def _run(path, size, prompts, max_tokens):
+    import keras_vllm
+    from vllm import SamplingParams
+
+    start = time.perf_counter()
+    engine = keras_vllm.KerasVllmEngine.from_export(
+        path, tensor_parallel_size=size, verbose=False
+    )
+    started = time.perf_counter() - start
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    engine.generate(prompts[:2], params, use_tqdm=False)  # first-call costs
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    layout = engine.weights_layout()
+    engine.shutdown()
+    return started, tokens / seconds, layout["devices"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", default="llama")
+    parser.add_argument("--sizes", default="1,2")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args()
+
+    from keras_vllm import testing
+
+    causal_lm = testing.build_tiny_causal_lm(args.family)
+    path = os.path.join(tempfile.mkdtemp(), "artifact")
+    causal_lm.export_vllm(path, max_sequence_length=256, golden_prompts=[])
+    corpus = testing.corpus()
+    prompts = [corpus[i % len(corpus)] for i in range(args.prompts)]
+    rows = []
+    for size in [int(s) for s in args.sizes.split(",")]:
+        started, rate, devices = _run(path, size, prompts, args.max_tokens)
+        rows.append((size, started, rate, devices))
+    print(f"\n{args.family}, {args.prompts} prompts x {args.max_tokens} tokens")
+    print("| TP | engine start (s) | output tok/s | weight bytes per device |")
+    print("|---|---|---|---|")
+    for size, started, rate, devices in rows:
+        print(
+            f"| {size} | {started:.1f} | {rate:.1f} | "
+            f"{', '.join(str(d) for d in devices)} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
