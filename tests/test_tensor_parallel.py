@@ -202,7 +202,7 @@ def test_placement_rules_by_layer_role():
     sizes = {role: 2 for role in ("heads", "mlp", "vocab", "experts")}
     llama = nnx.eval_shape(
         lambda: testing.backbone_class("llama")(
-            **testing.backbone_config("llama")
+            **testing.backbone_config("llama"), vocabulary_size=384
         )
     )
     axes = sharding.variable_axes(llama, sizes)
@@ -222,7 +222,7 @@ def test_placement_rules_by_layer_role():
     assert four[layer + "self_attention/query/kernel"] == (1, "heads")
     mixtral = nnx.eval_shape(
         lambda: testing.backbone_class("mixtral")(
-            **testing.backbone_config("mixtral")
+            **testing.backbone_config("mixtral"), vocabulary_size=384
         )
     )
     axes = sharding.variable_axes(mixtral, sizes)
