@@ -34,19 +34,21 @@ cannot ask JAX which devices exist when they are installed.
 
 import importlib.metadata
 import logging
-import sys
 import warnings
 
 from keras_vllm import envs
 from keras_vllm.cpu import detect
+from keras_vllm.cpu import memory
 from keras_vllm.cpu import ragged_paged_attention as cpu_rpa
+from keras_vllm.cpu.rebinding import all_cpu as _all_cpu
+from keras_vllm.cpu.rebinding import jax_initialized as _jax_initialized
+from keras_vllm.cpu.rebinding import rebind as _rebind
 
 logger = logging.getLogger("keras_vllm")
 
 # The versions whose private APIs these patches target.
 PINNED_VERSIONS = {"tpu-inference": "0.32.0", "vllm-tpu": "0.32.0"}
 
-_GIB = 1 << 30
 _applied = False
 
 
@@ -88,7 +90,7 @@ def apply_patches():
     if _jax_initialized() and not _all_cpu():
         logger.info("keras-vllm: JAX has non-CPU devices; CPU patches skipped.")
         return
-    _patch_memory_accounting()
+    memory.patch_memory_accounting()
     _patch_mesh()
     _patch_attention_kernels()
     _patch_compiler_options()
@@ -131,99 +133,6 @@ def disable_async_scheduling_if_cpu(vllm_config):
         logger.warning(
             "keras-vllm: async scheduling disabled on CPU (%s=0).",
             envs.CPU_ASYNC_SCHEDULING.name)
-
-
-# ---------------------------------------------------------------------------
-# Device checks. They run when a patched function is called, i.e. inside the
-# engine's worker, where JAX is (being) initialized anyway.
-# ---------------------------------------------------------------------------
-
-
-def _jax_initialized():
-    from jax._src import xla_bridge
-    return xla_bridge.backends_are_initialized()
-
-
-def _all_cpu(devices=None):
-    import jax
-    devices = jax.devices() if devices is None else list(devices)
-    return bool(devices) and all(d.platform == "cpu" for d in devices)
-
-
-def _rebind(original, replacement, home_module, name):
-    """Replaces `original` in its home module and in every loaded
-    tpu_inference module that imported it by name (`from m import f` binds
-    the object, so patching only the home module would not reach them)."""
-    setattr(home_module, name, replacement)
-    for module_name, module in list(sys.modules.items()):
-        if module is None or not module_name.startswith("tpu_inference"):
-            continue
-        for attr, value in list(vars(module).items()):
-            if value is original:
-                setattr(module, attr, replacement)
-
-
-# ---------------------------------------------------------------------------
-# 1. HBM accounting (tpu_inference/utils.py, platforms/tpu_platform.py).
-# ---------------------------------------------------------------------------
-
-
-def _memory_budget_bytes():
-    # vLLM sizes the KV cache from this fake HBM budget per CPU device:
-    # gpu_memory_utilization x budget - memory in use. Virtual CPU devices
-    # share one host's memory, so the host's budget is split over them (a
-    # TP=4 engine must not allocate four times a TP=1 engine's cache).
-    import jax
-    return int(envs.cpu_memory_gb() * _GIB) // max(1, len(jax.devices()))
-
-
-def _live_bytes_per_device(devices):
-    """Bytes held by live JAX arrays on each of `devices`."""
-    import jax
-    used = {d: 0 for d in devices}
-    seen = set()
-    for array in jax.live_arrays():
-        for shard in array.addressable_shards:
-            buffer = shard.data
-            if id(buffer) in seen or buffer.device not in used:
-                continue
-            seen.add(id(buffer))
-            used[buffer.device] += buffer.nbytes
-    return [used[d] for d in devices]
-
-
-def _patch_memory_accounting():
-    import tpu_inference.utils as ti_utils
-    from tpu_inference.platforms.tpu_platform import TpuPlatform
-
-    original_usage = ti_utils.hbm_usage_bytes
-    if getattr(original_usage, "_keras_vllm_patch", False):
-        return
-
-    def hbm_usage_bytes(devices):
-        """CPU: (live-array bytes, fake budget) per device; else original."""
-        devices = list(devices)
-        if not _all_cpu(devices):
-            return original_usage(devices)
-        limit = _memory_budget_bytes()
-        return [(used, limit) for used in _live_bytes_per_device(devices)]
-
-    hbm_usage_bytes._keras_vllm_patch = True
-    _rebind(original_usage, hbm_usage_bytes, ti_utils, "hbm_usage_bytes")
-
-    original_mem_get_info = TpuPlatform.mem_get_info.__func__
-
-    def mem_get_info(cls):
-        """CPU: (free, total) summed over local devices, like the original."""
-        import jax
-        devices = jax.local_devices()
-        if not _all_cpu(devices):
-            return original_mem_get_info(cls)
-        usage = hbm_usage_bytes(devices)
-        total = sum(limit for _, limit in usage)
-        return total - sum(used for used, _ in usage), total
-
-    TpuPlatform.mem_get_info = classmethod(mem_get_info)
 
 
 # ---------------------------------------------------------------------------
