@@ -67,6 +67,10 @@ def summary(path, manifest):
     return "\n".join(lines)
 
 
+# Real models have at most a few hundred layers.
+_MAX_TABLE_LAYERS = 512
+
+
 def tensor_parallel_lines(path, manifest):
     """Per-device weight and KV cache bytes at TP = 1, 2, 4, 8 (stored
     dtype), from the backbone built with shapes only."""
@@ -75,6 +79,14 @@ def tensor_parallel_lines(path, manifest):
     if not manifest.get("servable", True):
         return []
     config = fmt.open_artifact(path, verify=False).read_json(fmt.CONFIG_FILE)
+    layers = int(config["num_hidden_layers"])
+    if layers > _MAX_TABLE_LAYERS:
+        # The table builds the backbone (shapes only), in time linear in its
+        # layers: bounded, so that a hostile config cannot stall inspect.
+        return [
+            f"per device      (not computed: {layers} layers, more than "
+            f"{_MAX_TABLE_LAYERS})"
+        ]
     rows = capacity.per_device(
         capacity.abstract_backbone(manifest), config, manifest["dtype"]
     )
