@@ -87,14 +87,9 @@ def model_directory(argv):
         return None
     if argv[1] != "serve":
         return None
-    model = None
-    if not argv[2].startswith("-"):
+    model = option_value(argv, ("--model",))
+    if model is None and not argv[2].startswith("-"):
         model = argv[2]
-    for i, arg in enumerate(argv):
-        if arg == "--model" and i + 1 < len(argv):
-            model = argv[i + 1]
-        elif arg.startswith("--model="):
-            model = arg.split("=", 1)[1]
     return model if model and os.path.isdir(model) else None
 
 

@@ -52,7 +52,7 @@ def per_device(backbone, config, dtype, sizes=TP_SIZES):
             rows.append((size, None, None))
             continue
         axes = sharding.variable_axes(
-            backbone, {role: size for role in _ROLES}
+            backbone, {role: size for role in sharding.ROLES}
         )
         weight_bytes = 0
         for variable in variables:
@@ -64,6 +64,3 @@ def per_device(backbone, config, dtype, sizes=TP_SIZES):
         kv_bytes = layers * 2 * kv_per_device * head_dim * itemsize
         rows.append((size, weight_bytes, kv_bytes))
     return rows
-
-
-_ROLES = (sharding.HEADS, sharding.MLP, sharding.VOCAB, sharding.EXPERTS)

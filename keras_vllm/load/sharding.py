@@ -36,6 +36,7 @@ HEADS = "heads"
 MLP = "mlp"
 VOCAB = "vocab"
 EXPERTS = "experts"
+ROLES = (HEADS, MLP, VOCAB, EXPERTS)
 
 
 def _equation_parts(layer):

@@ -14,6 +14,14 @@ from keras_vllm.errors import ServingError
 _LISTED_UP_TO = 64
 
 
+def _as_size(value):
+    """A requested size as an int (0, never valid, when it is not one)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
 def shardable(num_heads, num_kv_heads, size):
     """Whether attention with these heads splits over `size` devices."""
     if size < 1 or num_heads % size:
@@ -43,10 +51,7 @@ def check_tensor_parallel(config, size, where):
     """
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
-    try:
-        size = int(size)
-    except (TypeError, ValueError):
-        size = 0
+    size = _as_size(size)
     if shardable(heads, kv_heads, size):
         return
     sizes = ", ".join(str(s) for s in valid_sizes(heads, kv_heads))
@@ -71,10 +76,7 @@ def check_data_parallel(size, where):
     Raises:
         ServingError: naming what to use instead.
     """
-    try:
-        size = int(size)
-    except (TypeError, ValueError):
-        size = 0
+    size = _as_size(size)
     if size == 1:
         return
     raise ServingError(
