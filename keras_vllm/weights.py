@@ -190,6 +190,14 @@ def save_weights(directory, weights):
                 errno.ENOSPC, f"No space left on device ({text[:200]})", directory
             ) from e
         raise
+    finally:
+        # orbax writes from background threads; after a failed write they
+        # may still be creating files, and the caller's cleanup of the
+        # staging directory would race them (CI saw one survive).
+        try:
+            checkpointer.close()
+        except Exception:
+            pass
 
 
 def stored_arrays(directory):

@@ -15,6 +15,7 @@ import errno
 import os
 import shutil
 import tempfile
+import time
 
 from keras_vllm.errors import ExportError
 
@@ -129,7 +130,7 @@ def staged_directory(target, overwrite=False):
         _fsync_tree(staging)
         publish(staging, target, overwrite)
     except OSError as e:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove(staging)
         kept = (
             f"the previous artifact at '{target}' is intact"
             if os.path.lexists(target)
@@ -146,8 +147,18 @@ def staged_directory(target, overwrite=False):
             )
         ) from e
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove(staging)
         raise
+
+
+def _remove(directory, attempts=5):
+    """Removes a failed export's staging directory, retrying while a writer
+    thread that outlived the failure still adds files to it."""
+    for attempt in range(attempts):
+        shutil.rmtree(directory, ignore_errors=True)
+        if not os.path.lexists(directory):
+            return
+        time.sleep(0.1 * (attempt + 1))
 
 
 def _current_umask():
