@@ -23,6 +23,17 @@ def weights_line(manifest):
     )
 
 
+def quantization_line(manifest):
+    """E.g. "int8: 15 layers", or "no" for a float model."""
+    modes = fmt.quantization.modes(manifest)
+    if not modes:
+        return "no"
+    return ", ".join(
+        f"{mode}: {count} layer{'s' if count > 1 else ''}"
+        for mode, count in sorted(modes.items())
+    )
+
+
 def summary(path, manifest):
     """Returns a multi-line summary of a validated manifest."""
     preset = manifest.get("preset")
@@ -35,6 +46,7 @@ def summary(path, manifest):
         f"family          {family} ({manifest['causal_lm']['class_name']})",
         f"parameters      {manifest.get('parameter_count', 0):,}",
         f"dtype           {manifest['dtype']}",
+        f"quantized       {quantization_line(manifest)}",
         f"preset          {preset['handle'] if preset else '(none)'}",
         f"weights         {weights_line(manifest)}",
         f"tokenizer       {manifest['tokenizer']['class_name']}",
@@ -91,7 +103,7 @@ def tensor_parallel_lines(path, manifest):
         capacity.abstract_backbone(manifest), config, manifest["dtype"]
     )
     lines = [
-        f"per device      TP  weights ({manifest['dtype']})  KV cache per token"
+        f"per device      TP  weights (stored)  KV cache per token"
     ]
     for size, weights, kv in rows:
         if weights is None:

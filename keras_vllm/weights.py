@@ -46,6 +46,28 @@ def canonical_path(path):
     return "/".join(re.sub(r"(_\d+)+$", "", part) for part in path.split("/"))
 
 
+class PathIndex:
+    """Finds a counterpart by path in another backbone's `{path: value}`.
+
+    The exact path first (explicitly named layers, e.g.
+    `transformer_layer_0/...`, have the same path in every process), else
+    the single entry with the same `canonical_path` (an auto-numbered
+    layer); None when there is no single match.
+    """
+
+    def __init__(self, items):
+        self._exact = dict(items)
+        self._canonical = {}
+        for path, value in self._exact.items():
+            self._canonical.setdefault(canonical_path(path), []).append(value)
+
+    def get(self, path):
+        if path in self._exact:
+            return self._exact[path]
+        found = self._canonical.get(canonical_path(path), [])
+        return found[0] if len(found) == 1 else None
+
+
 def auto_named_layers(backbone):
     """Names of the backbone's layers that Keras numbered itself.
 

@@ -13,6 +13,7 @@ from keras_vllm import signing
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
+from keras_vllm.export import quantized
 from keras_vllm.export import sections
 from keras_vllm.export import staging
 from keras_vllm.export.kv_layout import kv_layout
@@ -74,22 +75,26 @@ def _dtype_name(backbone):
     return name
 
 
-def _delta_against_preset(backbone, weights, handle):
+def _delta_against_preset(backbone, weights, handle, quantized_layers):
     """Returns the subset of `weights` that differ from the preset's."""
     import keras_hub
 
-    base = keras_hub.models.Backbone.from_preset(
-        handle, dtype=backbone.dtype_policy.name
-    )
-    if type(base) is not type(backbone) or base.get_config() != (
-        backbone.get_config()
-    ):
+    dtype = _dtype_name(backbone)
+    base = keras_hub.models.Backbone.from_preset(handle, dtype=dtype)
+    config = backbone.get_config()
+    if quantized_layers:
+        # The quantized layers' policies are the difference the delta
+        # stores; the rest of the config must be the preset's.
+        config = {**config, "dtype": base.get_config()["dtype"]}
+    if type(base) is not type(backbone) or base.get_config() != config:
         raise ExportError(
             f"The model's backbone config differs from the preset "
             f"'{handle}', so its weights cannot be stored as a delta. Export "
             "with `weights='full'`, or pass the preset it was built from."
         )
     base_weights = list(weight_io.backbone_weights(base).items())
+    if quantized_layers:
+        return quantized.delta(weights, quantized_layers, dict(base_weights))
     if len(base_weights) != len(weights) or any(
         weight_io.canonical_path(a) != weight_io.canonical_path(b)
         for a, (b, _) in zip(weights, base_weights)
@@ -215,6 +220,11 @@ def _export(
     }
     serialized["causal_lm"]["config"] = {}
     dtype = _dtype_name(backbone)
+    quantization = quantized.section(backbone, dtype)
+    if quantization is not None:
+        serialized["backbone"] = quantized.neutral_backbone_config(
+            serialized["backbone"], dtype
+        )
     handle = _preset_handle(causal_lm, preset)
     if weights in ("delta", "preset") and handle is None:
         raise ExportError(
@@ -258,7 +268,12 @@ def _export(
                 "handle": handle,
                 "files": presets.hash_preset(handle),
             }
-            stored = _delta_against_preset(backbone, all_weights, handle)
+            stored = _delta_against_preset(
+                backbone,
+                all_weights,
+                handle,
+                quantization["layers"] if quantization else {},
+            )
             phase.advance(len(stored))
             phase.unit = "variables differ"
         if weights == "preset" and stored:
@@ -346,6 +361,7 @@ def _export(
             sections=serialized,
             files=files,
             golden_reference=golden_ref,
+            quantization=quantization,
         )
         fmt.write_json(os.path.join(tmp, fmt.MANIFEST_FILE), manifest)
         if signer is not None:

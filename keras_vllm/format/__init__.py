@@ -11,6 +11,7 @@ than a bound it checked first.
 - `manifest`: the manifest's writer and reader (field checks).
 - `vllm_files`: `config.json` / `generation_config.json` writers and their
   allowed keys.
+- `quantization`: the quantized layers' policy names (format 1.2).
 - `configs`: bounds and allowlists of the Keras configs a manifest carries.
 - `checksums`: the files are exactly those listed, bit for bit.
 - `consistency`: the files agree with each other and with the manifest.
@@ -27,6 +28,7 @@ print(opened.manifest["weights"]["mode"])
 ```
 """
 
+from keras_vllm.format import quantization
 from keras_vllm.format.checksums import verify_files
 from keras_vllm.format.consistency import validate_artifact
 from keras_vllm.format.files import file_table

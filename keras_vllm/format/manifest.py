@@ -18,7 +18,9 @@ import re
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import VersionSkewError
 from keras_vllm.format.files import read_json
+from keras_vllm.format import quantization
 from keras_vllm.format.checks import fail
+from keras_vllm.format.quantization import QUANTIZED_VARIABLE_DTYPES
 from keras_vllm.format.names import CHAT_TEMPLATE_FILE as _CHAT
 from keras_vllm.format.names import FORMAT_NAME
 from keras_vllm.format.names import GOLDEN_FILE as _GOLDEN
@@ -67,7 +69,7 @@ def tokenizer_fingerprint(asset_digests, config):
 def new_manifest(*, written_by, preset, dtype, stop_token_ids,
                  max_sequence_length, sampler_in_vllm, unservable_reason,
                  parameter_count, weights, sections, files,
-                 golden_reference="generate"):
+                 golden_reference="generate", quantization=None):
     """Assembles a manifest of this format version (see docs/FORMAT.md).
 
     Args:
@@ -85,6 +87,8 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
         files: the file table (`files.file_table`).
         golden_reference: how `golden.json` was computed in Keras (one of
             `GOLDEN_REFERENCES`).
+        quantization: the `quantization` section of a Keras-quantized
+            model (`keras_vllm.format.quantization`), else None.
 
     Returns:
         The validated manifest dict.
@@ -107,6 +111,8 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
         "golden_reference": golden_reference,
         "files": files,
     }
+    if quantization is not None:
+        manifest["quantization"] = quantization
     return validate_manifest(manifest)
 
 
@@ -328,8 +334,9 @@ def validate_manifest(manifest):
         validate_shape(_field(spec, "shape", list, where), f"{where}.shape")
         vdtype = _field(spec, "dtype", str, where)
         _expect(
-            vdtype in SUPPORTED_DTYPES,
-            f"{where}.dtype '{vdtype}' is not one of {SUPPORTED_DTYPES}.",
+            vdtype in SUPPORTED_DTYPES + QUANTIZED_VARIABLE_DTYPES,
+            f"{where}.dtype '{vdtype}' is not one of "
+            f"{SUPPORTED_DTYPES + QUANTIZED_VARIABLE_DTYPES}.",
         )
         index = _field(spec, "index", int, where)
         _expect(0 <= index < MAX_FILES, f"{where}.index out of range.")
@@ -337,6 +344,7 @@ def validate_manifest(manifest):
         mode != "preset" or not variables,
         "'weights.mode' is 'preset' but variables are listed.",
     )
+    quantization.validate(manifest)
     files = _field(manifest, "files", dict, "manifest")
     _expect(len(files) <= MAX_FILES, "too many files listed.")
     for rel, entry in files.items():

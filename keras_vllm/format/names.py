@@ -7,7 +7,7 @@ once; the rest of `keras_vllm.format` (and nothing outside it) spells them.
 FORMAT_NAME = "keras_vllm"
 # The major version changes when a reader of an older version could
 # misread an artifact; the minor version when fields are only added.
-FORMAT_VERSION = (1, 1)
+FORMAT_VERSION = (1, 2)
 
 # vLLM-facing names. Chosen so they cannot collide with keras-hub 0.32's own
 # plugin, which registers `keras_hub` / `KerasHubForCausalLM`.
@@ -79,9 +79,9 @@ ASSET_CONFIG_KEYS = ("proto", "vocabulary", "merges")
 # The variable paths of the orbax tree: Keras paths, `/`-separated names.
 VARIABLE_PATH_PATTERN = r"[A-Za-z0-9_]{1,200}(/[A-Za-z0-9_]{1,200}){0,31}"
 
-# Every top-level manifest field of format 1.1 (`validate_manifest` refuses
+# Every top-level manifest field of format 1.2 (`validate_manifest` refuses
 # others unless the artifact declares a newer minor version). 1.1 added
-# `golden_reference`.
+# `golden_reference`, 1.2 `quantization`.
 MANIFEST_FIELDS = (
     "format",
     "format_version",
@@ -102,6 +102,7 @@ MANIFEST_FIELDS = (
     "preprocessor",
     "sampler",
     "golden_reference",
+    "quantization",
     "files",
 )
 # How golden outputs were computed in Keras (1.0 artifacts: "generate").

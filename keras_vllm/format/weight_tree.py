@@ -22,6 +22,7 @@ orbax's own metadata before restoring.
 import math
 import re
 
+from keras_vllm.format import quantization
 from keras_vllm.format.checks import fail
 from keras_vllm.format.names import VARIABLE_PATH_PATTERN
 from keras_vllm.format.names import WEIGHTS_DIR
@@ -157,8 +158,10 @@ def check_config_against_weights(manifest, estimate):
         if path == _EMBEDDING_SUFFIX or path.endswith("/" + _EMBEDDING_SUFFIX):
             shape = spec["shape"]
             want = [config.get("vocabulary_size"), config.get("hidden_dim")]
+            packed = quantization.packing(manifest, path)
             if len(shape) != 2 or any(
-                w is not None and w != s for w, s in zip(want, shape)
+                w is not None and s not in (w, -(-w // packed))
+                for w, s in zip(want, shape)
             ):
                 fail(
                     f"The backbone config (vocabulary_size "
@@ -168,7 +171,10 @@ def check_config_against_weights(manifest, estimate):
                 )
     if weights["mode"] != "full":
         return
-    stored = sum(math.prod(s["shape"]) for s in weights["variables"].values())
+    stored = sum(
+        math.prod(s["shape"]) * quantization.packing(manifest, path)
+        for path, s in weights["variables"].items()
+    )
     if estimate > _ESTIMATE_FACTOR * stored + _ESTIMATE_SLACK:
         fail(
             f"The backbone config implies about {estimate:.3g} parameters, "

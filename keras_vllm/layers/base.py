@@ -24,6 +24,15 @@ class KVCacheSpec:
     sliding_window: int | None = None
 
 
+def head_size(projection):
+    """The head size an `EinsumDense` into heads projects to.
+
+    Read from its declared output shape, not its kernel: a quantized
+    kernel may be packed (int4) or stored flattened (GPTQ/AWQ).
+    """
+    return int(projection.partial_output_shape[-1])
+
+
 class PagedAttention:
     """Mixin of every paged attention subclass.
 

@@ -8,6 +8,7 @@ attention with unexpanded K/V; softmax scale `1/sqrt(head_dim)`.
 from keras_hub.src.models.llama.llama_attention import LlamaAttention
 
 from keras_vllm.layers.base import KVCacheSpec
+from keras_vllm.layers.base import head_size
 from keras_vllm.layers.registry import register_paged
 from keras_vllm.layers.rotary_attention import RotaryPagedAttention
 
@@ -22,5 +23,5 @@ class PagedLlamaAttention(LlamaAttention, RotaryPagedAttention):
         return KVCacheSpec(
             num_query_heads=self.num_query_heads,
             num_kv_heads=self.num_key_value_heads,
-            head_dim=self._query_dense.kernel.shape[-1],
+            head_dim=head_size(self._query_dense),
         )

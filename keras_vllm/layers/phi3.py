@@ -26,6 +26,7 @@ from keras_hub.src.models.phi3.phi3_rotary_embedding import (
 )
 
 from keras_vllm.layers.base import KVCacheSpec
+from keras_vllm.layers.base import head_size
 from keras_vllm.layers.base import PagedAttention
 from keras_vllm.layers.context import require_context
 from keras_vllm.layers.registry import register_paged
@@ -75,7 +76,7 @@ class PagedPhi3Attention(Phi3Attention, PagedAttention):
         return KVCacheSpec(
             num_query_heads=self.num_query_heads,
             num_kv_heads=self.num_key_value_heads,
-            head_dim=self.query_dense.kernel.shape[-1],
+            head_dim=head_size(self.query_dense),
         )
 
     def call(

@@ -11,6 +11,7 @@ the whole context and so does this layer.
 from keras_hub.src.models.qwen.qwen_attention import QwenAttention
 
 from keras_vllm.layers.base import KVCacheSpec
+from keras_vllm.layers.base import head_size
 from keras_vllm.layers.registry import register_paged
 from keras_vllm.layers.rotary_attention import RotaryPagedAttention
 
@@ -25,5 +26,5 @@ class PagedQwenAttention(QwenAttention, RotaryPagedAttention):
         return KVCacheSpec(
             num_query_heads=self.num_query_heads,
             num_kv_heads=self.num_key_value_heads,
-            head_dim=self._query_dense.kernel.shape[-1],
+            head_dim=head_size(self._query_dense),
         )

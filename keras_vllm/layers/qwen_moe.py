@@ -12,6 +12,7 @@ feed-forward (with its shared expert) runs as the backbone's own layer
 from keras_hub.src.models.qwen_moe.qwen_moe_attention import QwenMoeAttention
 
 from keras_vllm.layers.base import KVCacheSpec
+from keras_vllm.layers.base import head_size
 from keras_vllm.layers.registry import register_paged
 from keras_vllm.layers.rotary_attention import RotaryPagedAttention
 
@@ -31,6 +32,6 @@ class PagedQwenMoeAttention(QwenMoeAttention, RotaryPagedAttention):
         return KVCacheSpec(
             num_query_heads=self.num_query_heads,
             num_kv_heads=self.num_key_value_heads,
-            head_dim=self.query_dense.kernel.shape[-1],
+            head_dim=head_size(self.query_dense),
             sliding_window=window,
         )

@@ -9,6 +9,7 @@ split exactly as serving places it (`keras_vllm.load.sharding`).
 import numpy as np
 
 from keras_vllm.load import keras_loader
+from keras_vllm.load import quantized
 from keras_vllm.load import sharding
 from keras_vllm.load import tensor_parallel
 
@@ -20,8 +21,17 @@ def abstract_backbone(manifest):
     from flax import nnx
 
     cls = keras_loader.resolve_classes(manifest)["backbone"]
-    config = dict(manifest["backbone"]["config"], dtype=manifest["dtype"])
+    dtype = manifest["dtype"]
+    config = dict(
+        manifest["backbone"]["config"],
+        dtype=quantized.policy_map(manifest, dtype) or dtype,
+    )
     return nnx.eval_shape(lambda: keras_loader._construct(cls, config, "backbone"))
+
+
+def _itemsize(dtype):
+    dtype = str(dtype)
+    return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
 
 
 def padded_head_dim(head_dim):
@@ -40,7 +50,7 @@ def per_device(backbone, config, dtype, sizes=TP_SIZES):
         dtype: the stored dtype name.
         sizes: the TP sizes to report.
     """
-    itemsize = np.dtype(dtype).itemsize if dtype != "bfloat16" else 2
+    itemsize = _itemsize(dtype)
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
     head_dim = padded_head_dim(int(config["head_dim"]))
@@ -58,7 +68,8 @@ def per_device(backbone, config, dtype, sizes=TP_SIZES):
         for variable in variables:
             count = int(np.prod(variable.shape))
             split = size if axes[variable.path] is not None else 1
-            weight_bytes += count * itemsize // split
+            # Each variable in its own dtype: quantized kernels are int8.
+            weight_bytes += count * _itemsize(variable.dtype) // split
         # KV heads are padded up to the TP size when fewer (repeated).
         kv_per_device = max(kv_heads, size) // size
         kv_bytes = layers * 2 * kv_per_device * head_dim * itemsize

@@ -14,6 +14,7 @@ from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.load.class_checks import check_config_keys
 from keras_vllm.load.class_checks import resolve_classes
+from keras_vllm.load import quantized
 from keras_vllm.load.opening import open_verified
 
 
@@ -71,9 +72,13 @@ def build_backbone(path, manifest, dtype=None, preset=None):
     dtype = dtype or manifest["dtype"]
     weights = manifest["weights"]
     mode = weights["mode"]
+    policies = quantized.policy_map(manifest, dtype)
+    preset_backbone = None
     if mode == "full":
         with progress.phase(f"building {cls.__name__}"):
-            backbone = _construct(cls, {**config, "dtype": dtype}, "backbone")
+            backbone = _construct(
+                cls, {**config, "dtype": policies or dtype}, "backbone"
+            )
     else:
         handle = preset or manifest["preset"]["handle"]
         with progress.phase(f"loading preset '{handle}'"):
@@ -90,6 +95,15 @@ def build_backbone(path, manifest, dtype=None, preset=None):
                 f"The preset '{handle}' holds a different backbone than the "
                 "one this artifact was exported from."
             )
+        if policies is not None:
+            # The preset is float; its values fill the unquantized layers.
+            preset_backbone = backbone
+            with progress.phase(f"building quantized {cls.__name__}"):
+                backbone = _construct(
+                    cls, {**config, "dtype": policies}, "backbone"
+                )
+    if policies is not None:
+        quantized.check_rebuilt(backbone, manifest)
     ordered = weight_io.ordered_variables(backbone)
     matcher = weight_io.VariableMatcher(backbone, ordered)
     variables = {}
@@ -134,6 +148,15 @@ def build_backbone(path, manifest, dtype=None, preset=None):
                     value = value.astype(variable.dtype)
                 variable.assign(value)
                 phase.advance(value.nbytes)
+    if preset_backbone is not None:
+        quantized.fill_from_preset(
+            backbone,
+            manifest,
+            preset_backbone,
+            {id(v) for v in variables.values()},
+        )
+    if policies is not None:
+        quantized.mark_calibrated(backbone)
     return backbone
 
 

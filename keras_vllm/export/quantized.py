@@ -1,0 +1,95 @@
+"""What an export records of a Keras-quantized backbone.
+
+Keras quantizes in place (`backbone.quantize("int8")`, or a calibrated
+`causal_lm.quantize("gptq", config=...)`): each quantized layer gets a
+policy naming its mode and low-precision variables plus scales. The export
+stores those variables as they are and records the policy names per layer
+in the manifest's `quantization` section (`keras_vllm.format.quantization`),
+so the loader rebuilds the same layers and the engine runs Keras' own
+quantized computation.
+"""
+
+import numpy as np
+
+from keras_vllm import weights as weight_io
+from keras_vllm.errors import ExportError
+from keras_vllm.errors import UnsupportedModelError
+
+
+def quantized_layers(backbone, dtype):
+    """`{layer path: policy name}` of the backbone's quantized layers.
+
+    The name is rebuilt from the policy's mode and the model's float dtype:
+    Keras 3.15's `DTypePolicyMap.get_config()` (called by every
+    `backbone.get_config()`) sets the live policies' names to None.
+    """
+    found = {}
+    for layer in backbone._flatten_layers(include_self=False, recursive=True):
+        if getattr(layer, "quantization_mode", None) is None:
+            continue
+        if getattr(layer, "lora_enabled", False):
+            # Keras computes such a layer as quantized kernel + float LoRA
+            # product; merging would re-quantize the sum, and the served
+            # model would no longer be the one Keras computes.
+            raise UnsupportedModelError(
+                f"Layer '{layer.path}' is quantized "
+                f"({layer.quantization_mode}) and has LoRA enabled. The "
+                "artifact would have to re-quantize the merged kernel, which "
+                "changes what the model computes. Fine-tune first (LoRA or "
+                "full), merge and save the float model, then quantize it and "
+                "export; see docs/QUANTIZATION.md."
+            )
+        mode = layer.dtype_policy.get_config()["mode"]
+        found[layer.path] = f"{mode}_from_{dtype}"
+    return found
+
+
+def section(backbone, dtype):
+    """The manifest's `quantization` section, or None for a float model."""
+    layers = quantized_layers(backbone, dtype)
+    return {"layers": layers} if layers else None
+
+
+def neutral_backbone_config(serialized, dtype):
+    """Replaces the backbone config's `DTypePolicyMap` with the plain policy.
+
+    The per-layer policies live in the `quantization` section as names; the
+    config keeps only the backbone's own float policy, so no Keras object
+    beyond the allowlisted plain policies is ever deserialized on load.
+    """
+    import keras
+
+    config = dict(serialized["config"])
+    config["dtype"] = keras.dtype_policies.serialize(keras.DTypePolicy(dtype))
+    return {**serialized, "config": config}
+
+
+def delta(weights, quantized, base_weights):
+    """The variables a delta export of a quantized model stores.
+
+    Args:
+        weights: `{path: array}` of the quantized backbone.
+        quantized: `{layer path: policy name}`.
+        base_weights: `{path: array}` of the float preset's backbone.
+
+    Returns:
+        Every variable of a quantized layer (a quantized layer always
+        differs from its float preset) and the other variables whose values
+        differ from the preset's, matched by path (`weights.PathIndex`).
+    """
+    base_index = weight_io.PathIndex(base_weights.items())
+    stored = {}
+    for path, value in weights.items():
+        if path.rsplit("/", 1)[0] in quantized:
+            stored[path] = value
+            continue
+        base = base_index.get(path)
+        if base is None or base.shape != value.shape:
+            raise ExportError(
+                f"Variable '{path}' of the quantized model has no single "
+                "counterpart in the float preset, so the model cannot be "
+                "stored as a delta. Export with `weights='full'`."
+            )
+        if not np.array_equal(value, base):
+            stored[path] = value
+    return stored

@@ -1,0 +1,108 @@
+"""Rebuilding a Keras-quantized backbone from an artifact.
+
+The manifest's `quantization` section names each quantized layer's policy
+(`int8_from_float32`, `gptq/4/128_from_float32`, ...). The backbone is
+built with a `DTypePolicyMap` of exactly those policies, so Keras creates
+the same low-precision variables and runs its own quantized computation;
+the values then come from the artifact (and, in a delta export, the float
+variables of unquantized layers from the preset).
+"""
+
+from keras_vllm import format as fmt
+from keras_vllm import weights as weight_io
+from keras_vllm.errors import ArtifactError
+from keras_vllm.errors import IntegrityError
+
+
+def policy_map(manifest, dtype):
+    """The `keras.DTypePolicyMap` to build the backbone with, or None.
+
+    Args:
+        manifest: a validated manifest.
+        dtype: the float dtype to build in (the exported one unless the
+            caller asked for another); quantized layers compute in it.
+    """
+    import keras
+
+    layers = fmt.quantization.quantized_layers(manifest)
+    if not layers:
+        return None
+    policies = keras.dtype_policies.DTypePolicyMap(default_policy=dtype)
+    for path, name in layers.items():
+        mode = name.rsplit("_from_", 1)[0]
+        policies[path] = keras.dtype_policies.get(f"{mode}_from_{dtype}")
+    return policies
+
+
+def check_rebuilt(backbone, manifest):
+    """The rebuilt backbone quantizes exactly the recorded layers."""
+    layers = fmt.quantization.quantized_layers(manifest)
+    built = {
+        layer.path: layer
+        for layer in backbone._flatten_layers(include_self=False, recursive=True)
+        if getattr(layer, "quantization_mode", None) is not None
+    }
+    for path in layers:
+        if path not in built:
+            raise ArtifactError(
+                f"The artifact's 'quantization.layers' names '{path}', which "
+                "the rebuilt backbone has no quantizable layer at. The "
+                "manifest was altered or written for another model; "
+                "re-export it."
+            )
+    extra = sorted(set(built) - set(layers))
+    if extra:
+        raise ArtifactError(
+            f"The rebuilt backbone quantizes '{extra[0]}', which the "
+            "artifact does not list. Re-export the model."
+        )
+
+
+def mark_calibrated(backbone):
+    """Marks GPTQ/AWQ layers calibrated once their values are restored.
+
+    Keras sets the flag in `load_own_variables`; the loader assigns
+    variables directly, and an uncalibrated layer would compute with its
+    float path instead of the restored quantized values.
+    """
+    for layer in backbone._flatten_layers(include_self=False, recursive=True):
+        mode = getattr(layer, "quantization_mode", None)
+        if mode == "gptq":
+            layer.is_gptq_calibrated = True
+        elif mode == "awq":
+            layer.is_awq_calibrated = True
+
+
+def fill_from_preset(backbone, manifest, preset_backbone, stored):
+    """Copies the preset's values into the unquantized, unstored variables.
+
+    A delta export of a quantized model stores every variable of its
+    quantized layers; the other variables match the float preset's by
+    path (`weights.PathIndex`, the same matching the export used).
+
+    Args:
+        backbone: the quantized backbone, built from the artifact's config.
+        manifest: its validated manifest.
+        preset_backbone: the float backbone loaded from the preset.
+        stored: ids of the variables the artifact stores.
+    """
+    layers = fmt.quantization.quantized_layers(manifest)
+    base = weight_io.PathIndex(
+        (v.path, v) for v in weight_io.ordered_variables(preset_backbone)
+    )
+    for variable in weight_io.ordered_variables(backbone):
+        if id(variable) in stored:
+            continue
+        if variable.path.rsplit("/", 1)[0] in layers:
+            raise ArtifactError(
+                f"The artifact lacks variable '{variable.path}' of a "
+                "quantized layer (a delta export stores all of them). "
+                "Re-export the model."
+            )
+        found = base.get(variable.path)
+        if found is None or tuple(found.shape) != tuple(variable.shape):
+            raise IntegrityError(
+                f"The preset has no single variable matching "
+                f"'{variable.path}' of the quantized backbone."
+            )
+        variable.assign(found.value)
