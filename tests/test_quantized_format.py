@@ -49,10 +49,26 @@ def test_int8_weights_are_under_30_percent_of_float32(int8_artifact, tmp_path):
     assert quantized_bytes <= 0.30 * float_bytes
 
 
+def test_int4_exports_for_keras_side_use_only(tmp_path):
+    model = quantized_models.quantized("llama", "int4")
+    with pytest.raises(UnsupportedModelError, match="int4 is not verified"):
+        _export(model, tmp_path / "refused")
+    path = _export(model, tmp_path / "int4", allow_unservable=True)
+    manifest = _manifest(path)
+    assert manifest["servable"] is False
+    assert "int4" in manifest["unservable_reason"]
+    with pytest.raises(keras_vllm.ServingError, match="cannot be served"):
+        keras_vllm.KerasVllmEngine.from_export(path)
+
+
 @pytest.mark.parametrize("mode", quantized_models.MODES)
 def test_round_trip_is_bit_exact(mode, tmp_path):
     model = quantized_models.quantized("llama", mode)
-    path = _export(model, tmp_path / mode)
+    path = _export(
+        model,
+        tmp_path / mode,
+        allow_unservable=mode not in quantized_models.SERVED_MODES,
+    )
     layers = _manifest(path)["quantization"]["layers"]
     assert layers and all(mode in name for name in layers.values())
     loaded = keras_vllm.load_causal_lm(path)

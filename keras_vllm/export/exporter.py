@@ -236,6 +236,7 @@ def _export(
     # The conformance gate: fails before any file is written when an
     # attention layer has no paged subclass.
     try:
+        quantized.check_servable(quantization)
         config = fmt.vllm_files.vllm_config(
             hidden_size=backbone.hidden_dim,
             vocab_size=backbone.vocabulary_size,

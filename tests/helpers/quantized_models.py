@@ -8,8 +8,10 @@ the other modules.
 from helpers.trained_models import trained
 from keras_vllm import testing
 
-# Keras 3.15's weight-only and calibrated modes served by keras-vllm.
+# Keras 3.15's weight-only and calibrated modes keras-vllm stores and loads.
 MODES = ("int8", "int4", "gptq")
+# ... and those it serves (int4 is exported for Keras-side use only).
+SERVED_MODES = ("int8", "gptq")
 
 _MODELS = {}
 

@@ -102,6 +102,7 @@ def check_prompt_logprobs(engine, causal_lm, atol=1e-4):
             served = out.prompt_logprobs[i][ids[i]].logprob
             worst = max(worst, abs(served - keras_logprobs[i - 1, ids[i]]))
     assert worst <= atol, worst
+    return worst
 
 
 def check_default_sampling_is_the_models(
