@@ -135,8 +135,9 @@ def check_compatible(running, incoming, source):
         )
 
 
-def check_export(engine, path, preset, public_key):
-    """Every check a fresh start runs on `path`, plus compatibility.
+def check_export(running, path, preset, public_key):
+    """Every check a fresh start runs on `path`, plus compatibility with
+    the served artifact's manifest `running`.
 
     Returns:
         `(manifest, manifest_hash)` of the verified artifact.
@@ -147,7 +148,7 @@ def check_export(engine, path, preset, public_key):
     opened = open_verified(path, validate=False, public_key=public_key)
     opened.validate()
     manifest = opened.manifest
-    check_compatible(engine.manifest, manifest, f"The export '{path}'")
+    check_compatible(running, manifest, f"The export '{path}'")
     # Classes, preset availability and the tokenizer's recorded probes, as
     # `from_export` checks them.
     keras_loader.preflight(path, manifest, preset)
@@ -215,7 +216,7 @@ def update_weights(engine, source):
         if isinstance(source, (str, os.PathLike)):
             path = os.path.abspath(os.fspath(source))
             manifest, digest = check_export(
-                engine, path, engine._preset, engine._public_key
+                engine.manifest, path, engine._preset, engine._public_key
             )
             # Blocks cached with the old weights must not answer new
             # requests (tpu-inference frees the KV cache, not the

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.serving
 from helpers import engine_shapes  # noqa: E402
 from helpers import serving_checks  # noqa: E402
 from helpers.trained_models import trained  # noqa: E402
+from helpers.updated_models import updated_llama  # noqa: E402
 from keras_vllm import engine_updates  # noqa: E402
 from keras_vllm import reference  # noqa: E402
 from keras_vllm import testing  # noqa: E402
@@ -41,12 +42,7 @@ def _export(causal_lm, directory):
 def setup(tmp_path_factory):
     import keras_vllm
 
-    old = trained("llama")
-    new = testing.build_tiny_causal_lm("llama")
-    new.set_weights(old.get_weights())
-    # Other token sequences: the corpus' sentences reversed.
-    texts = [" ".join(reversed(s.split())) for s in testing.corpus()]
-    testing.fine_tune(new, steps=20, texts=texts)
+    old, new = trained("llama"), updated_llama()
     root = tmp_path_factory.mktemp("updates")
     paths = types.SimpleNamespace(
         old=_export(old, root / "old"), new=_export(new, root / "new")
