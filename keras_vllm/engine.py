@@ -5,6 +5,7 @@ import logging
 import os
 import threading
 
+from keras_vllm import engine_updates
 from keras_vllm import envs
 from keras_vllm import format as fmt
 from keras_vllm import logs
@@ -193,16 +194,13 @@ class KerasVllmEngine:
         self.llm = llm
         self.path = path
         self.manifest = manifest
-        # The SHA-256 of the served artifact's manifest.json (None after
-        # an update from a live model, whose weights no artifact holds).
-        self.artifact_hash = _updates().manifest_hash(path)
-        self._preset = preset
-        self._public_key = public_key
-        # vLLM's `LLM` is synchronous and not thread-safe: one generate or
-        # one weight update at a time.
+        # The served manifest's SHA-256 (None after a live-model update).
+        self.artifact_hash = engine_updates.manifest_hash(path)
+        self._preset, self._public_key = preset, public_key
+        # vLLM's `LLM` is synchronous: one generate or update at a time.
         self._lock = threading.RLock()
         self._live_updates = 0
-        _updates().label_weights(self)
+        engine_updates.label_weights(self)
 
     @classmethod
     def from_export(cls, path, verbose="auto", preset=None, public_key=None,
@@ -373,7 +371,6 @@ class KerasVllmEngine:
 
         ```python
         engine = KerasVllmEngine.from_export("exports/step_100")
-        ...
         engine.update_weights("exports/step_200")
         engine.artifact_hash  # the manifest hash of exports/step_200
         ```
@@ -385,7 +382,7 @@ class KerasVllmEngine:
             `{"variables", "bytes", "seconds"}`: what the worker wrote and
             how long the whole update took.
         """
-        return _updates().update_weights(self, source)
+        return engine_updates.update_weights(self, source)
 
     def _check_running(self):
         if "llm" not in self.__dict__:
@@ -412,8 +409,3 @@ class KerasVllmEngine:
                 sampling_params = self.llm.get_default_sampling_params()
             return self.llm.generate(prompts, sampling_params, **kwargs)
 
-
-def _updates():
-    from keras_vllm import engine_updates
-
-    return engine_updates

@@ -138,10 +138,11 @@ def test_update_from_export_serves_the_new_weights(setup):
     assert engine.path == os.path.abspath(setup.paths.new)
     assert all(_versions(o) == {new_hash} for o in outputs)
     assert result["variables"] == len(setup.new.backbone.weights)
-    # Measured here: about 1.5 s against a 14 s (cold, in-process,
-    # compile-on-demand) start.
+    # Measured here: 1.4-2.1 s against a 12-15 s cold start (in-process,
+    # compile-on-demand); the bound leaves room for a start that found its
+    # programs in the session's persistent compile cache.
     print(f"update {result['seconds']:.2f} s, cold start {setup.cold_start:.1f} s")
-    assert result["seconds"] < 0.3 * setup.cold_start
+    assert result["seconds"] < 0.5 * setup.cold_start
     _back_to_old(setup)
 
 
