@@ -6,6 +6,7 @@
     keras-vllm sign ARTIFACT --key K  sign it (model.sig); --public-key PUB
                                       on verify/inspect/serve requires it
     keras-vllm serve ARTIFACT ...     `vllm serve` with the artifact's defaults
+    keras-vllm reload URL ARTIFACT    new weights for a serve --enable-reload
     keras-vllm demo                   the whole handoff on a tiny model, offline
     keras-vllm bench [--quick] ...    bench/run.py (source checkouts only)
 
@@ -18,6 +19,7 @@ import logging
 import os
 import sys
 
+from keras_vllm import cli_reload
 from keras_vllm import cli_signing
 from keras_vllm import envs
 
@@ -173,7 +175,8 @@ def _serve(args):
         # processes (its refusal check, engine and tokenizer) again.
         cli_signing.check_trust(args)
         envs.PUBLIC_KEY.set(os.path.abspath(args.public_key))
-    command = serve_command(args.artifact, args.vllm_args)
+    reload_arguments = cli_reload.serve_arguments(args)
+    command = serve_command(args.artifact, args.vllm_args) + reload_arguments
     if args.preset is not None:
         _use_preset(args.artifact, args.preset)
     print(" ".join(command), flush=True)
@@ -333,8 +336,10 @@ def build_parser():
     p.add_argument("artifact")
     _preset_option(p)
     cli_signing.add_trust_options(p, chain=False)
+    cli_reload.add_enable_option(p)
     p.add_argument("vllm_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_serve)
+    cli_reload.add_reload_command(sub, [output])
 
     p = sub.add_parser(
         "demo",

@@ -3,7 +3,9 @@
 import contextlib
 import logging
 import os
+import threading
 
+from keras_vllm import engine_updates
 from keras_vllm import envs
 from keras_vllm import format as fmt
 from keras_vllm import logs
@@ -188,10 +190,17 @@ class KerasVllmEngine:
     ```
     """
 
-    def __init__(self, llm, path, manifest):
+    def __init__(self, llm, path, manifest, preset=None, public_key=None):
         self.llm = llm
         self.path = path
         self.manifest = manifest
+        # The served manifest's SHA-256 (None after a live-model update).
+        self.artifact_hash = engine_updates.manifest_hash(path)
+        self._preset, self._public_key = preset, public_key
+        # vLLM's `LLM` is synchronous: one generate or update at a time.
+        self._lock = threading.RLock()
+        self._live_updates = 0
+        engine_updates.label_weights(self)
 
     @classmethod
     def from_export(cls, path, verbose="auto", preset=None, public_key=None,
@@ -266,7 +275,7 @@ class KerasVllmEngine:
                 plugin.register()
                 with _spawned_engine_skips_main():
                     llm = vllm.LLM(**kwargs)
-        return cls(llm, path, manifest)
+        return cls(llm, path, manifest, preset=preset, public_key=public_key)
 
     def shutdown(self):
         """Stops the vLLM engine and frees its KV cache and processes.
@@ -343,7 +352,44 @@ class KerasVllmEngine:
             The first worker's `{"devices": [bytes, ...], "variables":
             {path: {"shape", "dtype", "spec", "bytes"}}}`.
         """
-        return self.llm.collective_rpc("keras_vllm_weights")[0]
+        with self._lock:
+            return self.llm.collective_rpc("keras_vllm_weights")[0]
+
+    def update_weights(self, source):
+        """Replaces the served weights, without a restart or a recompile.
+
+        `source` is a new export of the served model (same architecture,
+        dtype, tokenizer and vLLM files; other weights), verified as
+        `from_export` verifies it, or a live `CausalLM` for an engine in
+        this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`). Anything else is
+        refused (`ServingError`) before a weight is written, and the old
+        weights serve on. The update and `generate()` wait for each other,
+        so each request is answered by one set of weights; see
+        docs/UPDATES.md.
+
+        Example:
+
+        ```python
+        engine = KerasVllmEngine.from_export("exports/step_100")
+        engine.update_weights("exports/step_200")
+        engine.artifact_hash  # the manifest hash of exports/step_200
+        ```
+
+        Args:
+            source: an artifact directory, or a KerasHub `CausalLM`.
+
+        Returns:
+            `{"variables", "bytes", "seconds"}`: what the worker wrote and
+            how long the whole update took.
+        """
+        return engine_updates.update_weights(self, source)
+
+    def _check_running(self):
+        if "llm" not in self.__dict__:
+            raise RuntimeError(
+                "This KerasVllmEngine was shut down; start a new one with "
+                "`KerasVllmEngine.from_export(path)`."
+            )
 
     def generate(self, prompts, sampling_params=None, **kwargs):
         """Generates completions; see `vllm.LLM.generate`.
@@ -357,11 +403,9 @@ class KerasVllmEngine:
         Returns:
             A list of vLLM `RequestOutput`.
         """
-        if "llm" not in self.__dict__:
-            raise RuntimeError(
-                "This KerasVllmEngine was shut down; start a new one with "
-                "`KerasVllmEngine.from_export(path)`."
-            )
-        if sampling_params is None:
-            sampling_params = self.llm.get_default_sampling_params()
-        return self.llm.generate(prompts, sampling_params, **kwargs)
+        with self._lock:
+            self._check_running()
+            if sampling_params is None:
+                sampling_params = self.llm.get_default_sampling_params()
+            return self.llm.generate(prompts, sampling_params, **kwargs)
+

@@ -157,6 +157,19 @@ class VariableMatcher:
         return variable
 
 
+def backbone_values(backbone):
+    """`(variable, value)` in `ordered_variables` order, LoRA merged.
+
+    The values are the backend's arrays, where they lie (no host copy): a
+    running engine takes a live model's weights from here.
+    """
+    merged = _lora_merged_kernels(backbone)
+    return [
+        (variable, merged.get(id(variable), variable.value))
+        for variable in ordered_variables(backbone)
+    ]
+
+
 def backbone_weights(backbone):
     """Returns `{variable.path: numpy array}` with LoRA adapters merged, in
     `ordered_variables` order.
@@ -164,10 +177,8 @@ def backbone_weights(backbone):
     LoRA factors are folded into their kernels (as keras-hub's own
     `save_to_preset` does) so the result loads into the plain backbone.
     """
-    merged = _lora_merged_kernels(backbone)
     weights = {}
-    for variable in ordered_variables(backbone):
-        value = merged.get(id(variable), variable.value)
+    for variable, value in backbone_values(backbone):
         if variable.path in weights:
             raise ArtifactError(f"Duplicate variable path '{variable.path}'.")
         weights[variable.path] = np.asarray(value)

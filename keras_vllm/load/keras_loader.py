@@ -104,6 +104,39 @@ def build_backbone(path, manifest, dtype=None, preset=None):
                 )
     if policies is not None:
         quantized.check_rebuilt(backbone, manifest)
+    values = stored_values(backbone, path, manifest, dtype)
+    for variable, value in values:
+        variable.assign(value)
+    if preset_backbone is not None:
+        quantized.fill_from_preset(
+            backbone, manifest, preset_backbone, {id(v) for v, _ in values}
+        )
+    if policies is not None:
+        quantized.mark_calibrated(backbone)
+    return backbone
+
+
+def stored_values(backbone, path, manifest, dtype=None):
+    """The artifact's stored weights, matched to `backbone`'s variables.
+
+    Args:
+        backbone: a backbone of the artifact's architecture (built from
+            its config, or one already serving).
+        path: the artifact directory (already verified).
+        manifest: its validated manifest.
+        dtype: the dtype the values are cast to; defaults to the exported
+            one.
+
+    Returns:
+        `[(variable, value)]` for every stored variable (all of them in a
+        full export), values in the variables' dtypes.
+
+    Raises:
+        ArtifactError: when an entry does not match its variable.
+    """
+    dtype = dtype or manifest["dtype"]
+    weights = manifest["weights"]
+    mode = weights["mode"]
     ordered = weight_io.ordered_variables(backbone)
     matcher = weight_io.VariableMatcher(backbone, ordered)
     variables = {}
@@ -141,23 +174,16 @@ def build_backbone(path, manifest, dtype=None, preset=None):
             f"restoring {mode} weights", total=weights["bytes"], unit="bytes"
         ) as phase:
             restored = weight_io.restore_weights(directory, specs)
+            values = []
             for var_path, value in restored.items():
                 variable = variables[var_path]
                 # A cast only when the caller asked for another dtype.
                 if str(value.dtype) != variable.dtype:
                     value = value.astype(variable.dtype)
-                variable.assign(value)
+                values.append((variable, value))
                 phase.advance(value.nbytes)
-    if preset_backbone is not None:
-        quantized.fill_from_preset(
-            backbone,
-            manifest,
-            preset_backbone,
-            {id(v) for v in variables.values()},
-        )
-    if policies is not None:
-        quantized.mark_calibrated(backbone)
-    return backbone
+            return values
+    return []
 
 
 def load_tokenizer(path, manifest=None):

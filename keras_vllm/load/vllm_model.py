@@ -105,6 +105,11 @@ class KerasVllmForCausalLM(nnx.Module):
         context.check_all_used_once()
         return context.kv_caches, hidden[:, 0, :], [], None
 
+    def modules(self):
+        """No torch submodules (vLLM's in-process engine walks them at
+        exit to release torch.compile hooks)."""
+        return iter(())
+
     def compute_logits(self, hidden_states):
         """Logits from the backbone's own output head (tied or not, with the
         family's final soft-cap when it has one)."""

@@ -13,6 +13,43 @@ WORKER_EXTENSION = "keras_vllm.load.worker_extension.KerasVllmWorkerExtension"
 class KerasVllmWorkerExtension:
     """Mixed into vLLM's worker (tpu-inference's `TPUWorker`)."""
 
+    def keras_vllm_update_from_artifact(self, path, preset=None,
+                                        public_key=None, manifest_hash=None):
+        """Replaces the served weights with a verified artifact's.
+
+        `KerasVllmEngine.update_weights(path)` calls this after its own
+        checks; the artifact is verified again here, where it is read, and
+        must still be the one checked (`manifest_hash`).
+
+        Returns:
+            `{"variables", "bytes", "seconds"}`.
+        """
+        from keras_vllm.load import weight_update
+
+        model = self.model_runner.model
+        incoming = weight_update.artifact_values(
+            path, model.backbone, model.dtype_name, preset, public_key,
+            manifest_hash,
+        )
+        return weight_update.replace_weights(
+            self, incoming, f"The export '{path}'"
+        )
+
+    def keras_vllm_update_from_values(self, values):
+        """Replaces the served weights with live arrays (in-process engines
+        only: the arguments are the caller's own objects).
+
+        Args:
+            values: `[(variable, value)]` from
+                `keras_vllm.weights.backbone_values`.
+
+        Returns:
+            `{"variables", "bytes", "seconds"}`.
+        """
+        from keras_vllm.load import weight_update
+
+        return weight_update.replace_weights(self, values, "The Keras model")
+
     def keras_vllm_weights(self):
         """How the served weights lie on the devices.
 
