@@ -68,9 +68,11 @@ def add_reload_command(sub, parents):
 
 def reload(args):
     """Runs `keras-vllm reload`; prints the server's answer."""
+    from keras_vllm.serve_reload import RELOAD_ROUTE
+
     url = args.url.rstrip("/")
-    if not url.endswith("/v1/keras_vllm/reload"):
-        url += "/v1/keras_vllm/reload"
+    if not url.endswith(RELOAD_ROUTE):
+        url += RELOAD_ROUTE
     # A local path is sent absolute: the server resolves it in its own
     # working directory otherwise.
     path = args.artifact

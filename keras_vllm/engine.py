@@ -195,7 +195,7 @@ class KerasVllmEngine:
         self.path = path
         self.manifest = manifest
         # The served manifest's SHA-256 (None after a live-model update).
-        self.artifact_hash = engine_updates.manifest_hash(path)
+        self.artifact_hash = fmt.manifest_hash(path)
         self._preset, self._public_key = preset, public_key
         # vLLM's `LLM` is synchronous: one generate or update at a time.
         self._lock = threading.RLock()

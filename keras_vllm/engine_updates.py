@@ -21,12 +21,6 @@ from keras_vllm.errors import ServingError
 _UNCOMPARED_CONFIG_KEYS = ("name", "dtype")
 
 
-def manifest_hash(path):
-    """The SHA-256 of an artifact's `manifest.json`: the artifact's
-    identity (the manifest records every other file's digest)."""
-    return fmt.sha256_file(fmt.safe_join(path, fmt.MANIFEST_FILE))
-
-
 def _kept_files(manifest):
     """`{file: sha256}` of what a running engine read once at start and
     keeps, but the tokenizer's config (compared without its layer name)."""
@@ -152,7 +146,7 @@ def check_export(running, path, preset, public_key):
     # Classes, preset availability and the tokenizer's recorded probes, as
     # `from_export` checks them.
     keras_loader.preflight(path, manifest, preset)
-    return manifest, manifest_hash(path)
+    return manifest, fmt.manifest_hash(path)
 
 
 def _is_in_process(llm):

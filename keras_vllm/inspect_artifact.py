@@ -103,7 +103,7 @@ def tensor_parallel_lines(path, manifest):
         capacity.abstract_backbone(manifest), config, manifest["dtype"]
     )
     lines = [
-        f"per device      TP  weights (stored)  KV cache per token"
+        "per device      TP  weights (stored)  KV cache per token"
     ]
     for size, weights, kv in rows:
         if weights is None:

@@ -44,12 +44,11 @@ _SERVED = _Served()
 async def _served(request):
     """The served artifact, read once; names vLLM's weight version."""
     if _SERVED.lock is None:
-        from keras_vllm import engine_updates
         from keras_vllm import format as fmt
 
         path = os.path.abspath(request.app.state.args.model)
         _SERVED.manifest = fmt.open_artifact(path, verify=False).manifest
-        _SERVED.path, _SERVED.hash = path, engine_updates.manifest_hash(path)
+        _SERVED.path, _SERVED.hash = path, fmt.manifest_hash(path)
         _SERVED.lock = asyncio.Lock()
         await request.app.state.engine_client.update_weight_version(_SERVED.hash)
     return _SERVED

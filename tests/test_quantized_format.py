@@ -13,6 +13,7 @@ import pytest
 
 import keras_vllm
 from helpers import quantized_models
+from helpers.trained_models import trained_copy
 from keras_vllm import format as fmt
 from keras_vllm import inspect_artifact
 from keras_vllm import testing
@@ -42,7 +43,7 @@ def _manifest(path):
 
 
 def test_int8_weights_are_under_30_percent_of_float32(int8_artifact, tmp_path):
-    full = _export(quantized_models.float_copy("llama"), tmp_path / "float")
+    full = _export(trained_copy("llama"), tmp_path / "float")
     quantized_bytes = _manifest(int8_artifact)["weights"]["bytes"]
     float_bytes = _manifest(full)["weights"]["bytes"]
     print(f"\nint8 / float32 weight bytes: {quantized_bytes / float_bytes:.3f}")
@@ -87,7 +88,7 @@ def test_round_trip_is_bit_exact(mode, tmp_path):
 def test_delta_against_the_float_preset_stores_the_quantized_layers(
     tmp_path, int8_artifact
 ):
-    model = quantized_models.float_copy("llama")
+    model = trained_copy("llama")
     preset = str(tmp_path / "preset")
     testing.save_tiny_preset(model, preset)
     model.backbone.quantize("int8")
@@ -108,7 +109,7 @@ def test_delta_against_the_float_preset_stores_the_quantized_layers(
 
 
 def test_quantized_lora_model_is_refused(tmp_path):
-    model = quantized_models.float_copy("llama")
+    model = trained_copy("llama")
     model.backbone.quantize("int8")
     model.backbone.enable_lora(2)
     with pytest.raises(UnsupportedModelError, match="LoRA enabled"):

@@ -19,10 +19,9 @@ requests = pytest.importorskip("requests")
 pytestmark = pytest.mark.serving
 
 from helpers import engine_shapes  # noqa: E402
+from helpers import updated_models  # noqa: E402
 from helpers.http_server import running_server  # noqa: E402
-from helpers.trained_models import trained  # noqa: E402
-from helpers.updated_models import updated_llama  # noqa: E402
-from keras_vllm import engine_updates  # noqa: E402
+from keras_vllm import format as fmt  # noqa: E402
 from keras_vllm import reference  # noqa: E402
 from keras_vllm import serve_reload  # noqa: E402
 from keras_vllm import testing  # noqa: E402
@@ -32,19 +31,11 @@ NEW_TOKENS = 16
 CLI = [sys.executable, "-m", "keras_vllm.cli"]
 
 
-def _export(causal_lm, directory):
-    return causal_lm.export_vllm(
-        directory, max_sequence_length=256, golden_prompts=testing.prompts()[:2]
-    )
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    old, new = trained("llama"), updated_llama()
     root = tmp_path_factory.mktemp("reload")
-    paths = types.SimpleNamespace(
-        old=_export(old, root / "old"), new=_export(new, root / "new")
-    )
+    models, paths = updated_models.exported_pair(root)
+    old, new = models.old, models.new
     command = [
         *CLI, "serve", paths.old, "--enable-reload", "--api-key", KEY,
         "--tensor-parallel-size", "2", *engine_shapes.SERVE_ARGS,
@@ -99,7 +90,7 @@ def test_reload_refuses_without_the_key_then_swaps_the_weights(server):
     old_tokens = [_expected(server.old, p) for p in prompts]
     new_tokens = [_expected(server.new, p) for p in prompts]
     assert _complete(server, prompts) == old_tokens
-    assert _served_hash(server) == engine_updates.manifest_hash(server.paths.old)
+    assert _served_hash(server) == fmt.manifest_hash(server.paths.old)
 
     for headers in ({}, _auth("wrong")):
         response = requests.post(
@@ -143,17 +134,19 @@ def test_reload_refuses_without_the_key_then_swaps_the_weights(server):
         sides.add(tokens == new_tokens[index])
     assert sides == {False, True}, "no request on one side of the reload"
     assert _complete(server, prompts) == new_tokens
-    assert _served_hash(server) == engine_updates.manifest_hash(server.paths.new)
+    assert _served_hash(server) == fmt.manifest_hash(server.paths.new)
 
 
 def test_incompatible_export_is_refused_over_http(server):
-    other = _export(testing.build_tiny_causal_lm("gpt2"), server.root / "gpt2")
+    other = updated_models.export(
+        testing.build_tiny_causal_lm("gpt2"), server.root / "gpt2"
+    )
     before = _served_hash(server)
     refused = _reload(server, other, "--api-key", KEY)
     assert refused.returncode == 1
     assert "400" in refused.stderr and "its backbone is" in refused.stderr
     assert _served_hash(server) == before
-    expected = server.new if before == engine_updates.manifest_hash(
+    expected = server.new if before == fmt.manifest_hash(
         server.paths.new
     ) else server.old
     prompt = testing.prompts()[0]

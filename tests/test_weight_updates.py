@@ -21,9 +21,9 @@ pytestmark = pytest.mark.serving
 
 from helpers import engine_shapes  # noqa: E402
 from helpers import serving_checks  # noqa: E402
-from helpers.trained_models import trained  # noqa: E402
-from helpers.updated_models import updated_llama  # noqa: E402
+from helpers import updated_models  # noqa: E402
 from keras_vllm import engine_updates  # noqa: E402
+from keras_vllm import format as fmt  # noqa: E402
 from keras_vllm import reference  # noqa: E402
 from keras_vllm import testing  # noqa: E402
 from keras_vllm.errors import ServingError  # noqa: E402
@@ -32,25 +32,17 @@ from keras_vllm.load import weight_update  # noqa: E402
 NEW_TOKENS = 16
 
 
-def _export(causal_lm, directory):
-    return causal_lm.export_vllm(
-        directory, max_sequence_length=256, golden_prompts=testing.prompts()[:2]
-    )
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     import keras_vllm
 
-    old, new = trained("llama"), updated_llama()
     root = tmp_path_factory.mktemp("updates")
-    paths = types.SimpleNamespace(
-        old=_export(old, root / "old"), new=_export(new, root / "new")
-    )
+    models, paths = updated_models.exported_pair(root)
+    old, new = models.old, models.new
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         start = time.perf_counter()
-        engine = keras_vllm.KerasVllmEngine.from_export(
+        engine = keras_vllm.KerasVllmEngine.fromupdated_models.export(
             paths.old, **engine_shapes.ENGINE_KWARGS
         )
         cold_start = time.perf_counter() - start
@@ -126,14 +118,14 @@ def test_update_from_export_serves_the_new_weights(setup):
     assert old_tokens != new_tokens
     assert _served(engine) == old_tokens
     old_hash = engine.artifact_hash
-    assert old_hash == engine_updates.manifest_hash(setup.paths.old)
+    assert old_hash == fmt.manifest_hash(setup.paths.old)
     with _Compilations() as compiled:
         result = engine.update_weights(setup.paths.new)
         outputs = engine.generate(testing.prompts(), _params(), use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outputs] == new_tokens
     # Same shapes, dtypes and shardings: every program is reused.
     assert compiled.programs == []
-    new_hash = engine_updates.manifest_hash(setup.paths.new)
+    new_hash = fmt.manifest_hash(setup.paths.new)
     assert engine.artifact_hash == new_hash != old_hash
     assert engine.path == os.path.abspath(setup.paths.new)
     assert all(_versions(o) == {new_hash} for o in outputs)
@@ -156,11 +148,11 @@ def test_update_from_export_serves_the_new_weights(setup):
 )
 def test_incompatible_export_is_refused(setup, family, overrides, message):
     other = testing.build_tiny_causal_lm(family, **overrides)
-    path = _export(other, setup.root / f"{family}_{len(overrides)}")
+    path = updated_models.export(other, setup.root / f"{family}_{len(overrides)}")
     with pytest.raises(ServingError, match=message) as info:
         setup.engine.update_weights(path)
     assert "from_export" in str(info.value)
-    assert setup.engine.artifact_hash == engine_updates.manifest_hash(
+    assert setup.engine.artifact_hash == fmt.manifest_hash(
         setup.paths.old
     )
     assert _served(setup.engine) == _expected(setup.old)
@@ -171,8 +163,8 @@ def test_requests_during_an_update_are_answered_by_one_model(setup):
     prompts = testing.prompts()
     old_tokens, new_tokens = _expected(setup.old), _expected(setup.new)
     versions = {
-        engine_updates.manifest_hash(setup.paths.old): old_tokens,
-        engine_updates.manifest_hash(setup.paths.new): new_tokens,
+        fmt.manifest_hash(setup.paths.old): old_tokens,
+        fmt.manifest_hash(setup.paths.new): new_tokens,
     }
     answers, errors = [], []
     updated = threading.Event()
@@ -222,7 +214,7 @@ def test_update_from_a_delta_export(setup):
     # whose generation_config.json an update refuses).
     model.compile(sampler="greedy")
     model.set_weights(setup.new.get_weights())
-    path = _export(model, setup.root / "delta")
+    path = updated_models.export(model, setup.root / "delta")
     assert fmt.open_artifact(path).manifest["weights"]["mode"] == "delta"
     setup.engine.update_weights(path)
     assert _served(setup.engine) == _expected(setup.new)

@@ -29,6 +29,7 @@ print(opened.manifest["weights"]["mode"])
 """
 
 from keras_vllm.format import quantization
+from keras_vllm.format.checksums import manifest_hash
 from keras_vllm.format.checksums import verify_files
 from keras_vllm.format.consistency import validate_artifact
 from keras_vllm.format.files import file_table

@@ -11,6 +11,12 @@ from keras_vllm.format.names import MANIFEST_FILE
 from keras_vllm.format.names import SIGNATURE_FILE
 
 
+def manifest_hash(directory):
+    """The SHA-256 of an artifact's `manifest.json`: the artifact's
+    identity (the manifest records every other file's digest)."""
+    return sha256_file(safe_join(directory, MANIFEST_FILE))
+
+
 def files_to_hash(manifest, only=None):
     """The listed files `verify_files` hashes (all, or those under `only`)."""
     return [

@@ -67,9 +67,9 @@ def artifact_values(path, served, dtype, preset=None, public_key=None,
 
     with progress.verbosity(False):
         manifest = open_verified(path, public_key=public_key).manifest
-        if manifest_hash is not None and fmt.sha256_file(
-            fmt.safe_join(path, fmt.MANIFEST_FILE)
-        ) != manifest_hash:
+        if manifest_hash is not None and (
+            fmt.manifest_hash(path) != manifest_hash
+        ):
             raise ServingError(
                 f"The export '{path}' changed while the engine checked it "
                 f"('{fmt.MANIFEST_FILE}' has another digest); nothing was "

@@ -5,7 +5,7 @@ family's fine-tuned model (`trained_models.trained`), which stays float for
 the other modules.
 """
 
-from helpers.trained_models import trained
+from helpers.trained_models import trained_copy
 from keras_vllm import testing
 
 # Keras 3.15's weight-only and calibrated modes keras-vllm stores and loads.
@@ -34,13 +34,6 @@ def _calibrate(causal_lm, mode):
     causal_lm.quantize(mode, config=config)
 
 
-def float_copy(family):
-    """A float copy of `family`'s fine-tuned model (same weights)."""
-    copy = testing.build_tiny_causal_lm(family)
-    copy.backbone.set_weights(trained(family).backbone.get_weights())
-    return copy
-
-
 def quantized(family, mode):
     """`family`'s fine-tuned model quantized in `mode`, once per session.
 
@@ -48,7 +41,7 @@ def quantized(family, mode):
     """
     key = (family, mode)
     if key not in _MODELS:
-        copy = float_copy(family)
+        copy = trained_copy(family)
         if mode == "gptq":
             _calibrate(copy, mode)
         else:

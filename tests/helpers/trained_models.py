@@ -71,6 +71,14 @@ def training_run(family, **overrides):
     return _RUNS[key]
 
 
+def trained_copy(family):
+    """A new model with `trained(family)`'s weights, for tests that change
+    a model (quantize it, fine-tune it further)."""
+    copy = testing.build_tiny_causal_lm(family, **VARIANTS[family])
+    copy.set_weights(trained(family).get_weights())
+    return copy
+
+
 def trained(family, **overrides):
     """A tiny fine-tuned CausalLM of `family`, shared by the whole session.
 
