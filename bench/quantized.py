@@ -15,25 +15,8 @@ dot products; on TPU they run on the MXU's int8 path.
 import argparse
 import json
 import os
-import tempfile
-import time
 
-
-def _serve(path, prompts, max_tokens):
-    import keras_vllm
-    from vllm import SamplingParams
-
-    start = time.perf_counter()
-    engine = keras_vllm.KerasVllmEngine.from_export(path, verbose=False)
-    started = time.perf_counter() - start
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    engine.generate(prompts[:2], params, use_tqdm=False)  # first-call costs
-    start = time.perf_counter()
-    outputs = engine.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
-    engine.shutdown()
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return started, tokens / seconds
+import engine_rate
 
 
 def main():
@@ -51,15 +34,13 @@ def main():
         "int8": testing.build_tiny_causal_lm(args.family),
     }
     models["int8"].backbone.quantize("int8")
-    corpus = testing.corpus()
-    prompts = [corpus[i % len(corpus)] for i in range(args.prompts)]
+    prompts = engine_rate.corpus_prompts(args.prompts)
     rows = []
     for name, causal_lm in models.items():
-        path = os.path.join(tempfile.mkdtemp(), name)
-        causal_lm.export_vllm(path, max_sequence_length=256, golden_prompts=[])
+        path = engine_rate.export(causal_lm, name)
         with open(os.path.join(path, "manifest.json")) as f:
             stored = json.load(f)["weights"]["bytes"]
-        started, rate = _serve(path, prompts, args.max_tokens)
+        started, rate, _ = engine_rate.measure(path, prompts, args.max_tokens)
         rows.append((name, stored, started, rate))
     print(f"\n{args.family}, {args.prompts} prompts x {args.max_tokens} tokens")
     print("| weights | stored bytes | vs float32 | engine start (s) | output tok/s |")

@@ -12,29 +12,8 @@ warm-up, so start times include compiling every bucket.
 """
 
 import argparse
-import os
-import tempfile
-import time
 
-
-def _run(path, size, prompts, max_tokens):
-    import keras_vllm
-    from vllm import SamplingParams
-
-    start = time.perf_counter()
-    engine = keras_vllm.KerasVllmEngine.from_export(
-        path, tensor_parallel_size=size, verbose=False
-    )
-    started = time.perf_counter() - start
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    engine.generate(prompts[:2], params, use_tqdm=False)  # first-call costs
-    start = time.perf_counter()
-    outputs = engine.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    layout = engine.weights_layout()
-    engine.shutdown()
-    return started, tokens / seconds, layout["devices"]
+import engine_rate
 
 
 def main():
@@ -47,14 +26,13 @@ def main():
 
     from keras_vllm import testing
 
-    causal_lm = testing.build_tiny_causal_lm(args.family)
-    path = os.path.join(tempfile.mkdtemp(), "artifact")
-    causal_lm.export_vllm(path, max_sequence_length=256, golden_prompts=[])
-    corpus = testing.corpus()
-    prompts = [corpus[i % len(corpus)] for i in range(args.prompts)]
+    path = engine_rate.export(testing.build_tiny_causal_lm(args.family))
+    prompts = engine_rate.corpus_prompts(args.prompts)
     rows = []
     for size in [int(s) for s in args.sizes.split(",")]:
-        started, rate, devices = _run(path, size, prompts, args.max_tokens)
+        started, rate, devices = engine_rate.measure(
+            path, prompts, args.max_tokens, tensor_parallel_size=size
+        )
         rows.append((size, started, rate, devices))
     print(f"\n{args.family}, {args.prompts} prompts x {args.max_tokens} tokens")
     print("| TP | engine start (s) | output tok/s | weight bytes per device |")

@@ -157,6 +157,15 @@ class VariableMatcher:
         return variable
 
 
+def quantized_layers(backbone):
+    """`{layer path: layer}` of the backbone's Keras-quantized layers."""
+    return {
+        layer.path: layer
+        for layer in backbone._flatten_layers(include_self=False, recursive=True)
+        if getattr(layer, "quantization_mode", None) is not None
+    }
+
+
 def backbone_values(backbone):
     """`(variable, value)` in `ordered_variables` order, LoRA merged.
 

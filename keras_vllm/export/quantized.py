@@ -11,6 +11,7 @@ quantized computation.
 
 import numpy as np
 
+from keras_vllm import format as fmt
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
@@ -24,15 +25,13 @@ def quantized_layers(backbone, dtype):
     `backbone.get_config()`) sets the live policies' names to None.
     """
     found = {}
-    for layer in backbone._flatten_layers(include_self=False, recursive=True):
-        if getattr(layer, "quantization_mode", None) is None:
-            continue
+    for path, layer in weight_io.quantized_layers(backbone).items():
         if getattr(layer, "lora_enabled", False):
             # Keras computes such a layer as quantized kernel + float LoRA
             # product; merging would re-quantize the sum, and the served
             # model would no longer be the one Keras computes.
             raise UnsupportedModelError(
-                f"Layer '{layer.path}' is quantized "
+                f"Layer '{path}' is quantized "
                 f"({layer.quantization_mode}) and has LoRA enabled. The "
                 "artifact would have to re-quantize the merged kernel, which "
                 "changes what the model computes. Fine-tune first (LoRA or "
@@ -40,7 +39,7 @@ def quantized_layers(backbone, dtype):
                 "export; see docs/QUANTIZATION.md."
             )
         mode = layer.dtype_policy.get_config()["mode"]
-        found[layer.path] = f"{mode}_from_{dtype}"
+        found[path] = f"{mode}_from_{dtype}"
     return found
 
 
@@ -61,8 +60,6 @@ def check_servable(section_value):
     """Raises `UnsupportedModelError` for a mode the engine does not serve
     exactly (the exporter's conformance gate turns it into an unservable
     artifact when the caller allows one)."""
-    from keras_vllm import format as fmt
-
     if not section_value:
         return
     for path, name in section_value["layers"].items():

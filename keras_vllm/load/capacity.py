@@ -8,6 +8,7 @@ split exactly as serving places it (`keras_vllm.load.sharding`).
 
 import numpy as np
 
+from keras_vllm import weights as weight_io
 from keras_vllm.load import keras_loader
 from keras_vllm.load import quantized
 from keras_vllm.load import sharding
@@ -30,8 +31,7 @@ def abstract_backbone(manifest):
 
 
 def _itemsize(dtype):
-    dtype = str(dtype)
-    return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    return np.dtype(weight_io.dtype_of(str(dtype))).itemsize
 
 
 def padded_head_dim(head_dim):

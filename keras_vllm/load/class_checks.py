@@ -93,20 +93,21 @@ def resolve_classes(manifest):
         role: classes.resolve(manifest[role]["registered_name"], role)
         for role in ("backbone", "causal_lm", "tokenizer", "preprocessor", "sampler")
     }
-    expected = getattr(resolved["causal_lm"], "backbone_cls", None)
-    if expected is not None and not issubclass(resolved["backbone"], expected):
-        raise ArtifactError(
-            f"The artifact pairs a {resolved['causal_lm'].__name__} with a "
-            f"{resolved['backbone'].__name__}; the task expects a "
-            f"{expected.__name__}. The manifest was altered; re-export it."
-        )
-    expected = getattr(resolved["preprocessor"], "tokenizer_cls", None)
-    if expected is not None and not issubclass(resolved["tokenizer"], expected):
-        raise ArtifactError(
-            f"The artifact pairs a {resolved['preprocessor'].__name__} with a "
-            f"{resolved['tokenizer'].__name__}; the preprocessor expects a "
-            f"{expected.__name__}. The manifest was altered; re-export it."
-        )
+    # (owner, the owner's attribute naming the class it takes, member,
+    # how the message names the owner).
+    pairs = (
+        ("causal_lm", "backbone_cls", "backbone", "the task"),
+        ("preprocessor", "tokenizer_cls", "tokenizer", "the preprocessor"),
+    )
+    for owner, attribute, member, expecter in pairs:
+        expected = getattr(resolved[owner], attribute, None)
+        if expected is not None and not issubclass(resolved[member], expected):
+            raise ArtifactError(
+                f"The artifact pairs a {resolved[owner].__name__} with a "
+                f"{resolved[member].__name__}; {expecter} expects a "
+                f"{expected.__name__}. The manifest was altered; re-export "
+                "it."
+            )
     check_backbone_config(resolved["backbone"], manifest["backbone"]["config"])
     for role in ("tokenizer", "preprocessor", "sampler"):
         check_config_keys(resolved[role], manifest[role]["config"], role)

@@ -37,11 +37,7 @@ def policy_map(manifest, dtype):
 def check_rebuilt(backbone, manifest):
     """The rebuilt backbone quantizes exactly the recorded layers."""
     layers = fmt.quantization.quantized_layers(manifest)
-    built = {
-        layer.path: layer
-        for layer in backbone._flatten_layers(include_self=False, recursive=True)
-        if getattr(layer, "quantization_mode", None) is not None
-    }
+    built = weight_io.quantized_layers(backbone)
     for path in layers:
         if path not in built:
             raise ArtifactError(
@@ -65,11 +61,10 @@ def mark_calibrated(backbone):
     variables directly, and an uncalibrated layer would compute with its
     float path instead of the restored quantized values.
     """
-    for layer in backbone._flatten_layers(include_self=False, recursive=True):
-        mode = getattr(layer, "quantization_mode", None)
-        if mode == "gptq":
+    for layer in weight_io.quantized_layers(backbone).values():
+        if layer.quantization_mode == "gptq":
             layer.is_gptq_calibrated = True
-        elif mode == "awq":
+        elif layer.quantization_mode == "awq":
             layer.is_awq_calibrated = True
 
 

@@ -1,0 +1,51 @@
+"""What the small benchmark scripts (`tensor_parallel.py`, `quantized.py`)
+share: the prompts, an export, and one engine's start time and output rate.
+
+Imported by those scripts as a sibling (`python bench/X.py` puts `bench/` on
+the path).
+"""
+
+import os
+import tempfile
+import time
+
+
+def corpus_prompts(count):
+    """`count` prompts cycled from the test corpus."""
+    from keras_vllm import testing
+
+    corpus = testing.corpus()
+    return [corpus[i % len(corpus)] for i in range(count)]
+
+
+def export(causal_lm, name="artifact"):
+    """Exports `causal_lm` to a fresh temporary directory (256 positions,
+    no golden outputs) and returns the path."""
+    path = os.path.join(tempfile.mkdtemp(), name)
+    causal_lm.export_vllm(path, max_sequence_length=256, golden_prompts=[])
+    return path
+
+
+def measure(path, prompts, max_tokens, **engine_kwargs):
+    """Starts an engine on `path`, warms it, and times one greedy batch.
+
+    Returns:
+        `(start_seconds, output_tokens_per_second, per_device_bytes)`.
+    """
+    import keras_vllm
+    from vllm import SamplingParams
+
+    start = time.perf_counter()
+    engine = keras_vllm.KerasVllmEngine.from_export(
+        path, verbose=False, **engine_kwargs
+    )
+    started = time.perf_counter() - start
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    engine.generate(prompts[:2], params, use_tqdm=False)  # first-call costs
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    layout = engine.weights_layout()
+    engine.shutdown()
+    return started, tokens / seconds, layout["devices"]
