@@ -42,7 +42,7 @@ def setup(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         start = time.perf_counter()
-        engine = keras_vllm.KerasVllmEngine.fromupdated_models.export(
+        engine = keras_vllm.KerasVllmEngine.from_export(
             paths.old, **engine_shapes.ENGINE_KWARGS
         )
         cold_start = time.perf_counter() - start
@@ -148,7 +148,9 @@ def test_update_from_export_serves_the_new_weights(setup):
 )
 def test_incompatible_export_is_refused(setup, family, overrides, message):
     other = testing.build_tiny_causal_lm(family, **overrides)
-    path = updated_models.export(other, setup.root / f"{family}_{len(overrides)}")
+    path = updated_models.export(
+        other, setup.root / f"{family}_{len(overrides)}"
+    )
     with pytest.raises(ServingError, match=message) as info:
         setup.engine.update_weights(path)
     assert "from_export" in str(info.value)
