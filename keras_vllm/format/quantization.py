@@ -86,18 +86,20 @@ def modes(manifest):
     return counts
 
 
-def packing(manifest, path):
-    """How many stored values one element of variable `path` holds.
+def packing(manifest):
+    """`{layer path: values per stored element}` of the packed layers.
 
     Keras packs 4-bit values two per byte (`int4`, and `gptq`/`awq` at 4
-    bits or fewer); everything else stores one value per element.
+    bits or fewer); every other variable stores one value per element.
+    Computed once per check: a manifest may list many variables.
     """
-    name = quantized_layers(manifest).get(path.rsplit("/", 1)[0])
-    if name is None:
-        return 1
-    mode = name.rsplit("_from_", 1)[0].split("/")
-    bits = 4 if mode[0] == "int4" else int(mode[1]) if len(mode) > 2 else 8
-    return 2 if bits <= 4 else 1
+    packed = {}
+    for path, name in quantized_layers(manifest).items():
+        mode = name.rsplit("_from_", 1)[0].split("/")
+        bits = 4 if mode[0] == "int4" else int(mode[1]) if len(mode) > 2 else 8
+        if bits <= 4:
+            packed[path] = 2
+    return packed
 
 
 def validate(manifest):

@@ -154,11 +154,16 @@ def check_config_against_weights(manifest, estimate):
     """
     weights = manifest["weights"]
     config = manifest["backbone"]["config"]
+    packing = quantization.packing(manifest)
+
+    def values_per_element(path):
+        return packing.get(path.rsplit("/", 1)[0], 1)
+
     for path, spec in weights["variables"].items():
         if path == _EMBEDDING_SUFFIX or path.endswith("/" + _EMBEDDING_SUFFIX):
             shape = spec["shape"]
             want = [config.get("vocabulary_size"), config.get("hidden_dim")]
-            packed = quantization.packing(manifest, path)
+            packed = values_per_element(path)
             if len(shape) != 2 or any(
                 w is not None and s not in (w, -(-w // packed))
                 for w, s in zip(want, shape)
@@ -172,7 +177,7 @@ def check_config_against_weights(manifest, estimate):
     if weights["mode"] != "full":
         return
     stored = sum(
-        math.prod(s["shape"]) * quantization.packing(manifest, path)
+        math.prod(s["shape"]) * values_per_element(path)
         for path, s in weights["variables"].items()
     )
     if estimate > _ESTIMATE_FACTOR * stored + _ESTIMATE_SLACK:
