@@ -99,7 +99,8 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("head_dim", [32, 64])
+# One head size (a real model's; keras-vllm's own engine tests use 16).
+@pytest.mark.parametrize("head_dim", [64])
 def test_vllm_native_llama_on_cpu_matches_transformers(tmp_path, head_dim):
     model_dir = tmp_path / "tiny-llama"
     expected = _make_tiny_llama(model_dir, head_dim)

@@ -61,12 +61,16 @@ FRESH_KILL_POINTS = ["weights_mid", "manifest_written"]
 
 _ZYGOTE = r"""
 import json, os, sys, signal, threading
-import keras_vllm  # imports keras/keras-hub; JAX is not started
+import keras_vllm
+# keras-hub's import (15-25 s here) is paid once, before forking: it does
+# not start JAX, and the zygote stays single-threaded.
+import keras, keras_hub
 from keras_vllm import format as fmt
 from keras_vllm import weights as weight_io
 from keras_vllm.export import sections, staging
 from keras_vllm.engine import _jax_started
 assert not _jax_started()
+assert threading.active_count() == 1
 print("ZYGOTE READY", flush=True)
 
 
@@ -139,8 +143,6 @@ def install(point):
 
 
 def child(request):
-    import keras
-    import keras_hub
     point = request.get("kill")
     if point == "start":
         die(point)
