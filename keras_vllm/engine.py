@@ -5,6 +5,7 @@ import logging
 import os
 import threading
 
+from keras_vllm import engine_process
 from keras_vllm import engine_updates
 from keras_vllm import envs
 from keras_vllm import format as fmt
@@ -80,73 +81,6 @@ def serving_defaults(path, manifest, overrides):
             f"{fmt.SUPPORTED_DTYPES}."
         )
     return kwargs
-
-
-def _jax_started():
-    """Whether this process has already started a JAX runtime."""
-    import sys
-
-    if "jax" not in sys.modules:
-        return False
-    try:
-        from jax._src import xla_bridge
-
-        return bool(xla_bridge._backends)
-    except (ImportError, AttributeError):
-        # Unknown jax internals: assume started, spawning is always safe.
-        return True
-
-
-def _choose_process_start_method():
-    """Spawns vLLM's engine process when JAX already runs in this process.
-
-    vLLM forks its engine process by default, and a forked child of a
-    process with a live JAX runtime aborts. A process that trained or
-    exported a model in memory has one, so the engine process is spawned
-    instead; `_spawned_engine_skips_main` keeps the spawned process from
-    re-running the calling script, so no `if __name__ == "__main__":`
-    guard is needed.
-    """
-    if envs.WORKER_MULTIPROC_METHOD.raw() is None and _jax_started():
-        envs.WORKER_MULTIPROC_METHOD.set("spawn")
-        logger.info(
-            "keras-vllm: JAX is already running in this process, so vLLM's "
-            "engine process is spawned rather than forked."
-        )
-
-
-@contextlib.contextmanager
-def _spawned_engine_skips_main():
-    """Keeps a spawned engine process from re-running the caller's script.
-
-    A spawned child re-imports the parent's `__main__` (by path, or by
-    module name under `python -m`) before it runs its target. A top-level
-    script without an `if __name__ == "__main__":` guard, the way tutorials
-    and notebooks-turned-scripts are written, would then fine-tune and
-    export again in the engine process and die in multiprocessing's
-    "bootstrapping phase" error. vLLM's engine process needs nothing from
-    the caller's `__main__` (its target and arguments are vLLM's), so while
-    it starts, `__main__` is presented as an interactive session, which
-    spawn does not re-import.
-    """
-    import sys
-
-    main = sys.modules.get("__main__")
-    if main is None or envs.WORKER_MULTIPROC_METHOD.raw() != "spawn":
-        yield
-        return
-    saved = {
-        key: main.__dict__[key]
-        for key in ("__file__", "__spec__")
-        if key in main.__dict__
-    }
-    main.__dict__.pop("__file__", None)
-    main.__spec__ = None
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
 
 
 def _resolve_preset(preset):
@@ -256,7 +190,7 @@ class KerasVllmEngine:
                 kwargs = serving_defaults(path, manifest, engine_kwargs)
                 preset = _resolve_preset(preset)
                 keras_loader.preflight(path, manifest, preset)
-            _choose_process_start_method()
+            engine_process.choose()
             loud = verbose is True or envs.verbose()
             if public_key is not None:
                 public_key = os.path.abspath(os.fspath(public_key))
@@ -273,7 +207,7 @@ class KerasVllmEngine:
                 # registering here too covers an in-process engine and
                 # editable installs.
                 plugin.register()
-                with _spawned_engine_skips_main():
+                with engine_process.skips_main():
                     llm = vllm.LLM(**kwargs)
         return cls(llm, path, manifest, preset=preset, public_key=public_key)
 

@@ -201,6 +201,15 @@ PUBLIC_KEY = Variable(
     "signing/policy.py (load/opening.py, serve_refusals.py, the tokenizer "
     "adapter, load/vllm_model.py); set by engine.py and cli.py",
 )
+ENGINE_START = Variable(
+    "KERAS_VLLM_ENGINE_START",
+    "'forkserver' or 'spawn'",
+    "forkserver",
+    "How vLLM's engine process starts when JAX already runs in the caller: "
+    "forked from a fork server that imported vLLM once, or spawned fresh.",
+    "engine_process.py",
+    _choice("forkserver", "spawn"),
+)
 
 # Other tools' variables that keras-vllm reads or sets a default for.
 JAX_PLATFORMS = Variable(
@@ -257,7 +266,7 @@ WORKER_MULTIPROC_METHOD = Variable(
     "fork or spawn",
     None,
     "Set to spawn when JAX already runs in the process starting an engine.",
-    "engine.py",
+    "engine_process.py",
 )
 LOGGING_LEVEL = Variable(
     "VLLM_LOGGING_LEVEL",
@@ -334,6 +343,7 @@ VARIABLES = (
     MAX_PARAMETERS,
     PRESET,
     PUBLIC_KEY,
+    ENGINE_START,
     JAX_PLATFORMS,
     TPU_USING_PATHWAYS,
     TPU_ACCELERATOR_TYPE,

@@ -49,6 +49,19 @@ def compile_on_demand():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_fine_tunes(tmp_path_factory, worker_id):
+    """pytest-xdist workers share one fine-tune per family configuration
+    (`helpers.trained_models`); the directory is the session's, above each
+    worker's own temporary directory."""
+    from helpers import trained_models
+
+    if worker_id != "master":
+        root = tmp_path_factory.getbasetemp().parent
+        trained_models.SHARED_DIR = str(root / "fine_tunes")
+    yield
+
+
 @pytest.fixture(scope="session")
 def artifacts_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("artifacts")

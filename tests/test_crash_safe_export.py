@@ -68,7 +68,7 @@ import keras, keras_hub
 from keras_vllm import format as fmt
 from keras_vllm import weights as weight_io
 from keras_vllm.export import sections, staging
-from keras_vllm.engine import _jax_started
+from keras_vllm.engine_process import jax_started as _jax_started
 assert not _jax_started()
 assert threading.active_count() == 1
 print("ZYGOTE READY", flush=True)

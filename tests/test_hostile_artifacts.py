@@ -112,7 +112,7 @@ def test_load_causal_lm_refuses(name, corpus):
 @pytest.mark.parametrize("name", CASE_NAMES)
 def test_engine_refuses_before_vllm(name, corpus, no_vllm):
     from keras_vllm.engine import KerasVllmEngine
-    from keras_vllm.engine import _jax_started
+    from keras_vllm.engine_process import jax_started as _jax_started
 
     path, error = corpus[name]
     started = _jax_started()
@@ -132,7 +132,8 @@ def test_engine_checks_do_not_start_jax(good_artifact, corpus):
 import sys, types
 import keras_vllm
 from keras_vllm import format as fmt
-from keras_vllm.engine import KerasVllmEngine, _jax_started, serving_defaults
+from keras_vllm.engine import KerasVllmEngine, serving_defaults
+from keras_vllm.engine_process import jax_started as _jax_started
 from keras_vllm.load import keras_loader
 path = {good_artifact!r}
 manifest = fmt.open_artifact(path).manifest

@@ -4,8 +4,19 @@ Every test module asks for its model here, so the serving, export, CLI and
 fixture tests of a family share one fine-tune: a model is keyed on its full
 backbone configuration (the family's variant below plus any overrides), so
 two spellings of the same configuration are also one model.
+
+Under pytest-xdist the workers share the fine-tunes too: the first worker to
+need a configuration trains it and saves its weights and losses in
+`SHARED_DIR` (set by conftest.py to a directory every worker of the session
+sees); the others wait on its lock and load them. `fine_tune` is
+deterministic, so this only saves time (each fine-tune costs 10-40 s here).
 """
 
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
 import time
 import types
 
@@ -26,6 +37,8 @@ VARIANTS = {family: {} for family in testing.FAMILIES} | {
 }
 
 _RUNS = {}
+# Where the session's workers share fine-tunes (None: this process only).
+SHARED_DIR = None
 
 
 def _frozen(value):
@@ -58,17 +71,49 @@ def training_run(family, **overrides):
     overrides = _overrides(family, overrides)
     key = (family, _frozen(testing.backbone_config(family, **overrides)))
     if key not in _RUNS:
-        start = time.perf_counter()
-        causal_lm = testing.build_tiny_causal_lm(family, **overrides)
-        built = time.perf_counter()
-        losses = testing.fine_tune(causal_lm)
-        _RUNS[key] = types.SimpleNamespace(
-            causal_lm=causal_lm,
-            losses=losses,
-            build_seconds=built - start,
-            fine_tune_seconds=time.perf_counter() - built,
-        )
+        with _shared(key) as stored:
+            _RUNS[key] = _run(family, overrides, stored)
     return _RUNS[key]
+
+
+def _run(family, overrides, stored):
+    start = time.perf_counter()
+    causal_lm = testing.build_tiny_causal_lm(family, **overrides)
+    built = time.perf_counter()
+    if stored is not None and os.path.exists(stored + ".json"):
+        causal_lm.load_weights(stored + ".weights.h5")
+        with open(stored + ".json") as f:
+            losses = json.load(f)
+    else:
+        losses = testing.fine_tune(causal_lm)
+        if stored is not None:
+            causal_lm.save_weights(stored + ".weights.h5")
+            with open(stored + ".json", "w") as f:
+                json.dump(losses, f)  # written last: marks the pair done
+    return types.SimpleNamespace(
+        causal_lm=causal_lm,
+        losses=losses,
+        build_seconds=built - start,
+        fine_tune_seconds=time.perf_counter() - built,
+    )
+
+
+@contextlib.contextmanager
+def _shared(key):
+    """Holds the session-wide lock of `key`'s fine-tune; yields the path
+    prefix of its stored weights (None when workers share nothing)."""
+    if SHARED_DIR is None:
+        yield None
+        return
+    os.makedirs(SHARED_DIR, exist_ok=True)
+    name = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    stored = os.path.join(SHARED_DIR, f"{key[0]}-{name}")
+    with open(stored + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield stored
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def trained_copy(family):
