@@ -50,26 +50,37 @@ def test_int8_weights_are_under_30_percent_of_float32(int8_artifact, tmp_path):
     assert quantized_bytes <= 0.30 * float_bytes
 
 
-def test_int4_exports_for_keras_side_use_only(tmp_path):
-    model = quantized_models.quantized("llama", "int4")
-    with pytest.raises(UnsupportedModelError, match="int4 is not verified"):
-        _export(model, tmp_path / "refused")
-    path = _export(model, tmp_path / "int4", allow_unservable=True)
-    manifest = _manifest(path)
-    assert manifest["servable"] is False
-    assert "int4" in manifest["unservable_reason"]
-    with pytest.raises(keras_vllm.ServingError, match="cannot be served"):
-        keras_vllm.KerasVllmEngine.from_export(path)
+@pytest.mark.parametrize(
+    "mode, config, problem",
+    [
+        ("int4", dict(block_size=None, activation_quantizer="abs_max"), "with its inputs quantized"),
+        ("int8", dict(activation_quantizer=None), "weights-only"),
+    ],
+)
+def test_non_default_activation_quantization_is_refused(
+    mode, config, problem, tmp_path
+):
+    # A policy name does not say whether a layer quantizes its inputs, so
+    # the loader rebuilds Keras' default for the mode; any other choice is
+    # refused at export rather than served differently.
+    from keras import quantizers
+
+    if config.get("activation_quantizer") == "abs_max":
+        config["activation_quantizer"] = quantizers.AbsMaxQuantizer(axis=-1)
+    classes = {
+        "int4": quantizers.Int4QuantizationConfig,
+        "int8": quantizers.Int8QuantizationConfig,
+    }
+    model = trained_copy("llama")
+    model.backbone.quantize(mode, config=classes[mode](**config))
+    with pytest.raises(UnsupportedModelError, match=problem):
+        _export(model, tmp_path / mode)
 
 
 @pytest.mark.parametrize("mode", quantized_models.MODES)
 def test_round_trip_is_bit_exact(mode, tmp_path):
     model = quantized_models.quantized("llama", mode)
-    path = _export(
-        model,
-        tmp_path / mode,
-        allow_unservable=mode not in quantized_models.SERVED_MODES,
-    )
+    path = _export(model, tmp_path / mode)
     layers = _manifest(path)["quantization"]["layers"]
     assert layers and all(mode in name for name in layers.values())
     loaded = keras_vllm.load_causal_lm(path)
@@ -79,6 +90,11 @@ def test_round_trip_is_bit_exact(mode, tmp_path):
     for a, b in zip(got, want):
         assert a.dtype == b.dtype, a.path
         assert np.array_equal(np.asarray(a.value), np.asarray(b.value)), a.path
+    # The rebuilt layers compute what the exported ones did (Keras rebuilds
+    # an int4 output head that quantizes its inputs, unless told otherwise).
+    x, _, _ = testing.tokenize_corpus(model.preprocessor.tokenizer)
+    x = {key: value[:4] for key, value in x.items()}
+    np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(model(x)))
     for prompt in PROMPTS:
         assert loaded.generate(prompt, max_length=20) == model.generate(
             prompt, max_length=20
@@ -102,6 +118,11 @@ def test_delta_against_the_float_preset_stores_the_quantized_layers(
     full = _manifest(int8_artifact)["weights"]
     assert len(stored) < full["total_variables"]
     loaded = keras_vllm.load_causal_lm(path)
+    # The rebuilt layers compute what the exported ones did (Keras rebuilds
+    # an int4 output head that quantizes its inputs, unless told otherwise).
+    x, _, _ = testing.tokenize_corpus(model.preprocessor.tokenizer)
+    x = {key: value[:4] for key, value in x.items()}
+    np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(model(x)))
     for prompt in PROMPTS:
         assert loaded.generate(prompt, max_length=20) == model.generate(
             prompt, max_length=20

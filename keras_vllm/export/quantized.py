@@ -39,8 +39,33 @@ def quantized_layers(backbone, dtype):
                 "export; see docs/QUANTIZATION.md."
             )
         mode = layer.dtype_policy.get_config()["mode"]
+        _check_inputs_quantizer(path, layer, mode)
         found[path] = f"{mode}_from_{dtype}"
     return found
+
+
+# Whether a layer of each mode quantizes its inputs, as Keras 3.15's
+# `quantize(mode)` sets it without a config (and as the loader rebuilds it;
+# `keras_vllm.load.quantized.match_inputs_quantizers`). A policy name does
+# not say it, so other choices would be served differently than exported.
+_QUANTIZES_INPUTS = {"int8": True, "int4": False}
+
+
+def _check_inputs_quantizer(path, layer, mode):
+    mode = mode.split("/", 1)[0]  # "int4/128" -> "int4"
+    expected = _QUANTIZES_INPUTS.get(mode)
+    actual = getattr(layer, "inputs_quantizer", None) is not None
+    if expected is None or actual == expected:
+        return
+    raise UnsupportedModelError(
+        f"Layer '{path}' is quantized as {mode} "
+        + ("with its inputs quantized too" if actual else "weights-only")
+        + f"; keras-vllm stores {mode} layers as Keras' default config "
+        "makes them ("
+        + ("inputs quantized per token" if expected else "weights only")
+        + f"). Quantize with `quantize('{mode}')` and no custom "
+        "activation quantizer."
+    )
 
 
 def section(backbone, dtype):
@@ -49,11 +74,9 @@ def section(backbone, dtype):
     return {"layers": layers} if layers else None
 
 
-# Modes whose served tokens and logprobs are tested equal to Keras'. Served
-# int4 logprobs differ from Keras' forward pass by up to ~0.06 on the tiny
-# test models (int8 and GPTQ agree to float32 rounding); awq and float8 are
-# untested. Those artifacts are exported for Keras-side use only.
-SERVED_MODES = ("int8", "gptq")
+# Modes whose served tokens and logprobs are tested equal to Keras'; awq and
+# float8 are untested, and exported for Keras-side use only.
+SERVED_MODES = ("int8", "int4", "gptq")
 
 
 def check_servable(section_value):
@@ -69,7 +92,7 @@ def check_servable(section_value):
                 f"Layer '{path}' is quantized as '{name}'; keras-vllm serves "
                 f"{', '.join(SERVED_MODES)} token for token, and {mode} is "
                 "not verified equal to Keras on the engine yet. Quantize with "
-                "'int8' or 'gptq' to serve it."
+                "'int8', 'int4' or 'gptq' to serve it."
             )
 
 

@@ -104,6 +104,7 @@ def build_backbone(path, manifest, dtype=None, preset=None):
                 )
     if policies is not None:
         quantized.check_rebuilt(backbone, manifest)
+        quantized.match_inputs_quantizers(backbone)
     values = stored_values(backbone, path, manifest, dtype)
     for variable, value in values:
         variable.assign(value)

@@ -54,6 +54,21 @@ def check_rebuilt(backbone, manifest):
         )
 
 
+def match_inputs_quantizers(backbone):
+    """Rebuilt int4 layers compute weights-only, as the exported ones did.
+
+    `quantize("int4")` without a config (Keras 3.15) quantizes every layer
+    weights-only (`Int4QuantizationConfig`'s default), and export refuses
+    int4 layers that quantize their inputs. A layer rebuilt from an int4
+    policy gets no config, and `ReversibleEmbedding` then quantizes the
+    output head's inputs to int8 per token: logits ~0.03 off the exported
+    model's.
+    """
+    for layer in weight_io.quantized_layers(backbone).values():
+        if layer.quantization_mode == "int4":
+            layer.inputs_quantizer = None
+
+
 def mark_calibrated(backbone):
     """Marks GPTQ/AWQ layers calibrated once their values are restored.
 

@@ -16,6 +16,12 @@ family (tpu-inference's own JAX models shard the same way):
   vocabulary;
 * rank-3 variables of other layers (mixture-of-experts weights,
   `[experts, in, out]`) over their experts;
+* a quantized layer's scales and zero points (`kernel_scale`,
+  `embeddings_zero`, ...) with their kernel, when the kernel is split
+  along an output axis (heads of q/k/v, MLP columns, the vocabulary) and
+  the scale has that axis; per-output scales of a kernel split along its
+  reduced input stay whole, as do Keras' packed int4 kernels (their
+  property unpacks, so no rule names them);
 * everything else (norms, position embeddings, biases added after a
   row-split matmul, routers that do not divide) is replicated.
 
@@ -65,9 +71,39 @@ def _projection_axis(shape, hidden_dim):
     return None
 
 
+def _splits_outputs(layer, axis):
+    """Whether splitting `layer`'s kernel along `axis` splits its outputs."""
+    if isinstance(layer, layers.EinsumDense):
+        _, kernel, output = _equation_parts(layer)
+        return kernel[axis] in output
+    if isinstance(layer, layers.Dense):
+        return axis == 1
+    return isinstance(layer, _reversible_embedding())
+
+
+def _quantization_rule(layer, variable, hidden_dim):
+    """`(axis, role)` of a quantized layer's scale or zero point, None to
+    replicate it, NotImplemented for its other variables."""
+    name = variable.name
+    if not name.endswith(("_scale", "_zero")):
+        return NotImplemented
+    owner = name.rsplit("_", 1)[0]  # kernel_scale -> kernel
+    main = next((v for v in layer.variables if v.name == owner), None)
+    rule = None if main is None else _rule(layer, main, hidden_dim)
+    if rule is None or not _splits_outputs(layer, rule[0]):
+        return None
+    axis, role = rule
+    matches = [i for i, size in enumerate(variable.shape) if size == main.shape[axis]]
+    return (matches[0], role) if len(matches) == 1 else None
+
+
 def _rule(layer, variable, hidden_dim):
     """`(axis, role)` a variable of `layer` is split along, or None."""
     rank = len(variable.shape)
+    if getattr(layer, "quantization_mode", None):
+        rule = _quantization_rule(layer, variable, hidden_dim)
+        if rule is not NotImplemented:
+            return rule
     if isinstance(layer, layers.EinsumDense):
         letter = _heads_letter(layer)
         _, kernel, output = _equation_parts(layer)

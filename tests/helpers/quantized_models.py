@@ -8,10 +8,8 @@ the other modules.
 from helpers.trained_models import trained_copy
 from keras_vllm import testing
 
-# Keras 3.15's weight-only and calibrated modes keras-vllm stores and loads.
+# Keras 3.15's modes keras-vllm stores, loads and serves.
 MODES = ("int8", "int4", "gptq")
-# ... and those it serves (int4 is exported for Keras-side use only).
-SERVED_MODES = ("int8", "gptq")
 
 _MODELS = {}
 
