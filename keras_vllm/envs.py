@@ -201,6 +201,15 @@ PUBLIC_KEY = Variable(
     "signing/policy.py (load/opening.py, serve_refusals.py, the tokenizer "
     "adapter, load/vllm_model.py); set by engine.py and cli.py",
 )
+VERIFIED_ARTIFACT = Variable(
+    "KERAS_VLLM_VERIFIED_ARTIFACT",
+    "set by keras-vllm only (a digest of a verified artifact's file stats)",
+    None,
+    "Internal handoff: the engine parent hashed the artifact's files, so "
+    "the engine process it starts skips hashing them again while every "
+    "file keeps the size, mtime and inode it had then.",
+    "format/opened.py; set by engine.py",
+)
 
 # Other tools' variables that keras-vllm reads or sets a default for.
 JAX_PLATFORMS = Variable(
@@ -334,6 +343,7 @@ VARIABLES = (
     MAX_PARAMETERS,
     PRESET,
     PUBLIC_KEY,
+    VERIFIED_ARTIFACT,
     JAX_PLATFORMS,
     TPU_USING_PATHWAYS,
     TPU_ACCELERATOR_TYPE,
