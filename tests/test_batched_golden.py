@@ -29,7 +29,11 @@ def _cut(row, stop):
 
 @pytest.mark.parametrize(
     "family, name",
-    [("gpt2", "generate"), ("llama", "generate"), ("gpt_neo_x", "forward_pass")],
+    [
+        ("gpt2", "generate"),
+        ("llama", "generate"),
+        ("gpt_neo_x", "forward_pass"),
+    ],
 )
 def test_batched_record_equals_per_prompt(family, name):
     causal_lm = trained(family)
