@@ -184,6 +184,9 @@ class KerasVllmEngine:
             opened = open_verified(
                 path, verbose="auto", validate=False, public_key=public_key
             )
+            # The engine process opens the same files: hand it the hashes
+            # checked here so an engine start hashes the weights once.
+            opened.handoff()
             manifest = opened.manifest
             with progress.phase("checking the artifact"):
                 opened.validate()

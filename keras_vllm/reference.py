@@ -1,10 +1,14 @@
 """Keras-side reference outputs: what `CausalLM.generate()` produces.
 
 Export records these as golden outputs, `verify` replays them, and tests
-compare vLLM against them. Generation runs one prompt at a time through the
-model's own compiled generate function, so no padding between prompts can
-change a result. `greedy_by_forward_pass` is the reference for a model whose
-cached `generate()` differs from its own forward pass (KerasHub's GPT-NeoX).
+compare vLLM against them. `greedy_continuation` runs one prompt through the
+model's own compiled generate function; `greedy_batch` runs many prompts in
+one compiled call (export and `verify` use it: one compile instead of one
+per prompt length), padded on the right to one shape. Causal attention keeps
+a row's padding invisible to its real positions, and a test checks the
+batched tokens equal the per-prompt ones. `greedy_by_forward_pass` is the
+reference for a model whose cached `generate()` differs from its own forward
+pass (KerasHub's GPT-NeoX).
 """
 
 import numpy as np
@@ -115,6 +119,116 @@ def greedy_by_forward_pass(
         if stop_token_ids and token in stop_token_ids:
             break
     return result
+
+
+def _trim(row, max_new_tokens, stop_token_ids):
+    """A row's new tokens up to `max_new_tokens`, ending at a stop token."""
+    result = []
+    for token in row[:max_new_tokens]:
+        result.append(int(token))
+        if stop_token_ids and token in stop_token_ids:
+            break
+    return result
+
+
+def greedy_batch(
+    causal_lm, prompts, max_new_tokens, stop_token_ids, name="generate"
+):
+    """Greedy new token ids for many prompts in one compiled call.
+
+    All prompts are right-padded to one `[len(prompts), longest +
+    max_new_tokens]` shape, so the model compiles once, where one
+    `greedy_continuation` per prompt compiles once per prompt length. A row
+    whose prompt is shorter keeps generating past `max_new_tokens` (the
+    shape is shared); those tokens are dropped, so each row is what the
+    per-prompt reference returns.
+
+    Args:
+        causal_lm: a KerasHub `CausalLM`.
+        prompts: a list of prompts, each a list of ints (start token
+            included).
+        max_new_tokens: how many tokens to generate at most per prompt.
+        stop_token_ids: ids that end a row (included in its output).
+        name: the reference, as `greedy_by` takes it.
+
+    Returns:
+        A list with one list of new ids per prompt.
+
+    Example:
+
+    >>> greedy_batch(causal_lm, [[1, 5, 9], [1, 7]], 8, [2])  # doctest: +SKIP
+    """
+    greedy_by(name)  # An unknown reference name fails here, not later.
+    if not prompts:
+        return []
+    lengths = [len(ids) for ids in prompts]
+    length = max(lengths) + max_new_tokens
+    if name == "forward_pass":
+        # Same rounding as `greedy_by_forward_pass`: one shape per 64.
+        length = -(-length // 64) * 64
+    padded = np.zeros((len(prompts), length), dtype="int32")
+    mask = np.zeros((len(prompts), length), dtype="bool")
+    for row, ids in enumerate(prompts):
+        padded[row, : len(ids)] = ids
+        mask[row, : len(ids)] = True
+    if name == "forward_pass":
+        rows = _forward_pass_rows(
+            causal_lm, padded, mask, lengths, max_new_tokens
+        )
+    else:
+        rows = _generate_rows(causal_lm, padded, mask, lengths, stop_token_ids)
+    return [_trim(row, max_new_tokens, stop_token_ids) for row in rows]
+
+
+def _generate_rows(causal_lm, padded, mask, lengths, stop_token_ids):
+    import keras_hub
+
+    sampler, function = causal_lm.sampler, causal_lm.generate_function
+    causal_lm.sampler = keras_hub.samplers.GreedySampler()
+    causal_lm.generate_function = None
+    try:
+        generate = causal_lm.make_generate_function()
+        stops = tuple(stop_token_ids) if stop_token_ids else None
+        outputs = generate(
+            {"token_ids": padded, "padding_mask": mask}, stop_token_ids=stops
+        )
+    finally:
+        causal_lm.sampler, causal_lm.generate_function = sampler, function
+    out_ids = np.asarray(outputs["token_ids"])
+    out_mask = np.asarray(outputs["padding_mask"])
+    rows = []
+    for row, start in enumerate(lengths):
+        tokens = []
+        for token, keep in zip(
+            out_ids[row, start:].tolist(), out_mask[row, start:].tolist()
+        ):
+            if not keep:
+                break
+            tokens.append(int(token))
+        rows.append(tokens)
+    return rows
+
+
+def _forward_pass_rows(causal_lm, padded, mask, lengths, max_new_tokens):
+    from keras import ops
+
+    positions = list(lengths)
+    rows = [[] for _ in lengths]
+    last = padded.shape[1]
+    for _ in range(max_new_tokens):
+        logits = causal_lm({"token_ids": padded, "padding_mask": mask})
+        index = np.asarray([p - 1 for p in positions], dtype="int32")
+        picked = ops.take_along_axis(
+            logits, index.reshape(-1, 1, 1), axis=1
+        )[:, 0]
+        tokens = ops.convert_to_numpy(ops.argmax(picked, axis=-1)).tolist()
+        for row, token in enumerate(tokens):
+            rows[row].append(int(token))
+            if positions[row] < last:
+                padded[row, positions[row]] = token
+                mask[row, positions[row]] = True
+                positions[row] += 1
+    return rows
 
 
 def greedy_by(name):

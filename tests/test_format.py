@@ -116,3 +116,48 @@ def test_format_imports_only_the_standard_library():
                         ("keras_vllm.format", "keras_vllm.errors", "keras_vllm.envs")
                     )
                 ), f"{name} imports {module}"
+
+
+_COUNT_HASHES = """
+import sys
+from keras_vllm.format import checksums
+from keras_vllm import format as fmt
+count = []
+real = checksums.sha256_file
+checksums.sha256_file = lambda *a, **k: count.append(1) or real(*a, **k)
+try:
+    fmt.open_artifact(sys.argv[1])
+except Exception as e:
+    print(type(e).__name__)
+print(len(count))
+"""
+
+
+def _hashes_in_new_process(path, env):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _COUNT_HASHES, path],
+        env=env, capture_output=True, text=True, check=True,
+    )
+    return done.stdout.split()
+
+
+def test_a_verified_artifact_is_not_hashed_again_by_a_child(exported, tmp_path):
+    path = _copy(exported, tmp_path)
+    env = dict(os.environ)
+    env.pop("KERAS_VLLM_VERIFIED_ARTIFACT", None)
+    hashed = int(_hashes_in_new_process(path, env)[-1])
+    assert hashed > 1
+    fmt.open_artifact(path).handoff()
+    env["KERAS_VLLM_VERIFIED_ARTIFACT"] = os.environ.pop(
+        "KERAS_VLLM_VERIFIED_ARTIFACT"
+    )
+    assert _hashes_in_new_process(path, env) == ["0"]
+    # Any changed file (here: same size, new mtime) is hashed again.
+    golden = os.path.join(path, fmt.GOLDEN_FILE)
+    text = open(golden).read()
+    with open(golden, "w") as f:
+        f.write(text.replace("max_new_tokens", "max_new_tokenz"))
+    assert _hashes_in_new_process(path, env)[0] == "IntegrityError"

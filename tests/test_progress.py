@@ -226,7 +226,9 @@ def test_export_and_load_show_each_phase_on_a_terminal(monkeypatch, tmp_path):
         "building GPT2Backbone",
         "restoring full weights",
     ]
-    assert "1/2 prompts" in _plain(terminal.getvalue())
+    # Golden outputs are one batched call (no per-prompt steps); a
+    # byte-counted phase shows its live count.
+    assert re.search(r"[\d.]+/[\d.]+ KiB", _plain(terminal.getvalue()))
 
     piped = io.StringIO()
     monkeypatch.setattr(sys, "stderr", piped)

@@ -329,7 +329,7 @@ def _export(
                 golden_prompts,
                 golden_max_new_tokens,
                 stop_ids,
-                reference.greedy_by(golden_ref),
+                golden_ref,
             ),
         )
         with progress.phase("writing checksums", unit="bytes") as phase:

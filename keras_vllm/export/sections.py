@@ -102,16 +102,18 @@ def golden_reference(causal_lm, servable):
     return golden_reference(causal_lm.backbone)
 
 
-def golden(causal_lm, prompts, max_new_tokens, stop_token_ids, greedy):
-    outputs = []
+def golden(causal_lm, prompts, max_new_tokens, stop_token_ids, golden_ref):
+    """The golden outputs, recorded in one batched call (one compile)."""
     with progress.phase(
         "recording golden outputs", total=len(prompts), unit="prompts"
     ) as phase:
-        for text in prompts:
-            ids = reference.prompt_token_ids(causal_lm, text)
-            new = greedy(causal_lm, ids, max_new_tokens, stop_token_ids)
-            outputs.append(
-                {"prompt": text, "prompt_ids": ids, "output_ids": new}
-            )
-            phase.advance()
+        prompt_ids = [reference.prompt_token_ids(causal_lm, t) for t in prompts]
+        news = reference.greedy_batch(
+            causal_lm, prompt_ids, max_new_tokens, stop_token_ids, golden_ref
+        )
+        phase.advance(len(prompts))
+    outputs = [
+        {"prompt": text, "prompt_ids": ids, "output_ids": new}
+        for text, ids, new in zip(prompts, prompt_ids, news)
+    ]
     return {"max_new_tokens": max_new_tokens, "outputs": outputs}

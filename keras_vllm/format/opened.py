@@ -7,10 +7,19 @@ remembers what it has already verified, validated and parsed. It is
 reused only while every listed file still has the size, modification time
 and inode it had when it was verified: a file changed afterwards is
 verified again, never trusted from memory.
+
+The same rule carries across one process boundary: after hashing every
+file, the engine parent hands its stat digest to the engine process it
+starts (`handoff()`, in `KERAS_VLLM_VERIFIED_ARTIFACT`), which then skips
+hashing the weights a second time while the digest still matches.
 """
 
+import hashlib
+import json
 import os
 import threading
+
+from keras_vllm import envs
 
 from keras_vllm.format import checksums
 from keras_vllm.format import consistency
@@ -37,6 +46,21 @@ def _stat_key(path, manifest):
     return tuple(key)
 
 
+def _stat_digest(path, stat_key):
+    text = json.dumps([path, stat_key], separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _handed_off(path, stat_key):
+    """Whether the parent process verified this exact state of the files."""
+    value = envs.VERIFIED_ARTIFACT.raw()
+    return (
+        value is not None
+        and stat_key is not None
+        and value == _stat_digest(path, stat_key)
+    )
+
+
 class Artifact:
     """A keras-vllm artifact directory, opened and (by default) verified.
 
@@ -54,6 +78,20 @@ class Artifact:
         self._validated = False
         self._json = {}
         self._stat_key = _stat_key(path, manifest)
+        if _handed_off(path, self._stat_key):
+            self._verified.add(None)
+
+    def handoff(self):
+        """Lets processes started from now on skip re-hashing this artifact.
+
+        Call only after `verify()` of every file. Sets
+        `KERAS_VLLM_VERIFIED_ARTIFACT` to a digest of the files' sizes,
+        mtimes and inodes; a process that opens the artifact with the same
+        stats trusts the hashes, any change re-hashes.
+        """
+        if None in self._verified and self._stat_key is not None:
+            envs.VERIFIED_ARTIFACT.set(_stat_digest(self.path, self._stat_key))
+        return self
 
     def _verified_for(self, only):
         if None in self._verified:

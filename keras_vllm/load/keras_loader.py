@@ -358,15 +358,16 @@ def check_golden(causal_lm, path, manifest=None):
     manifest = manifest or opened.manifest
     golden = opened.read_json(fmt.GOLDEN_FILE)
     stops = manifest["stop_token_ids"]
-    greedy = reference.greedy_by(manifest.get("golden_reference", "generate"))
+    records = golden["outputs"]
+    actuals = reference.greedy_batch(
+        causal_lm,
+        [record["prompt_ids"] for record in records],
+        golden["max_new_tokens"],
+        stops,
+        manifest.get("golden_reference", "generate"),
+    )
     failures = []
-    for record in golden["outputs"]:
-        actual = greedy(
-            causal_lm,
-            record["prompt_ids"],
-            golden["max_new_tokens"],
-            stops,
-        )
+    for record, actual in zip(records, actuals):
         if actual != record["output_ids"]:
             failures.append((record["prompt"], record["output_ids"], actual))
     return failures
