@@ -1,0 +1,170 @@
+"""Delta exports against Hugging Face-format presets (local transformers
+checkpoints, which keras-hub converts on load).
+
+For each family: `CausalLM.from_preset(dir)`, some weights changed, the
+default `export_vllm(out)` stores a delta pinning the checkpoint's files,
+`load_causal_lm(out)` generates what the model generates, the `preset=`
+override loads from a copy, and an edited safetensors byte is refused.
+One family (Llama) is also served through the engine (one engine start).
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from helpers import hf_checkpoints
+from keras_vllm import format as fmt
+from keras_vllm import reference
+from keras_vllm.errors import ArtifactError
+from keras_vllm.errors import IntegrityError
+
+PROMPT = "the cat sat on"
+NEW_TOKENS = 12
+# Qwen2 is written sharded (an index and its shards), the rest as one file.
+SHARDED = {"qwen2": "20KB"}
+
+
+@pytest.fixture(scope="module")
+def checkpoint_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("hf_checkpoints")
+
+
+def _checkpoint(root, family):
+    directory = os.path.join(root, family)
+    if not os.path.isdir(directory):
+        hf_checkpoints.write_checkpoint(
+            family, directory, max_shard_size=SHARDED.get(family)
+        )
+    return directory
+
+
+def _changed_model(directory):
+    """The checkpoint's CausalLM with its token embedding and one kernel
+    moved (far enough that greedy outputs depend on the prompt)."""
+    import keras_hub
+
+    causal_lm = keras_hub.models.CausalLM.from_preset(directory)
+    rng = np.random.default_rng(0)
+    embeddings = causal_lm.backbone.token_embedding.embeddings
+    embeddings.assign(
+        embeddings.numpy() + rng.normal(0, 0.5, embeddings.shape)
+    )
+    kernel = next(
+        v for v in causal_lm.backbone.weights if len(v.shape) == 2
+        and v is not embeddings
+    )
+    kernel.assign(kernel.numpy() + rng.normal(0, 0.1, kernel.shape))
+    return causal_lm
+
+
+def _greedy(causal_lm):
+    return reference.greedy_continuation(
+        causal_lm, reference.prompt_token_ids(causal_lm, PROMPT), NEW_TOKENS, []
+    )
+
+
+def _same_weights(a, b):
+    """Every backbone variable bit-equal, by position."""
+    return len(a.backbone.weights) == len(b.backbone.weights) and all(
+        np.array_equal(x.numpy(), y.numpy())
+        for x, y in zip(a.backbone.weights, b.backbone.weights)
+    )
+
+
+def _expected_pins(directory):
+    names = {"config.json"}
+    index = os.path.join(directory, fmt.HF_SHARDED_INDEX_FILE)
+    if os.path.exists(index):
+        with open(index) as f:
+            names |= {fmt.HF_SHARDED_INDEX_FILE} | set(
+                json.load(f)["weight_map"].values()
+            )
+    else:
+        names.add(fmt.HF_WEIGHTS_FILE)
+    return {n: fmt.sha256_file(os.path.join(directory, n)) for n in names}
+
+
+@pytest.mark.parametrize("family", hf_checkpoints.FAMILIES)
+def test_delta_export_from_hf_checkpoint(family, checkpoint_root, tmp_path):
+    import keras_vllm
+
+    directory = _checkpoint(checkpoint_root, family)
+    causal_lm = _changed_model(directory)
+    out = causal_lm.export_vllm(
+        str(tmp_path / "out"), max_sequence_length=64, golden_prompts=[]
+    )
+    manifest = fmt.read_manifest(out)
+    assert manifest["weights"]["mode"] == "delta"
+    stored = len(manifest["weights"]["variables"])
+    assert 0 < stored < len(causal_lm.backbone.weights)
+    assert manifest["preset"]["handle"] == os.path.abspath(directory)
+    pins = _expected_pins(directory)
+    assert manifest["preset"]["files"] == pins
+    if family in SHARDED:
+        assert len(pins) > 3, "the checkpoint was not written sharded"
+
+    loaded = keras_vllm.load_causal_lm(out, verbose=False)
+    assert _same_weights(loaded, causal_lm)
+    assert _greedy(loaded) == _greedy(causal_lm)
+
+    # The offline-host story: a copy of the checkpoint, passed as preset=.
+    copy = str(tmp_path / "copied_checkpoint")
+    shutil.copytree(directory, copy)
+    loaded = keras_vllm.load_causal_lm(out, preset=copy, verbose=False)
+    assert _same_weights(loaded, causal_lm)
+
+    # One byte of one pinned weight file changed: refused, naming it.
+    weight_file = sorted(n for n in pins if n.endswith(".safetensors"))[-1]
+    path = os.path.join(copy, weight_file)
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) - 1)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(IntegrityError, match=weight_file) as refused:
+        keras_vllm.load_causal_lm(out, preset=copy, verbose=False)
+    assert "weights='full'" in str(refused.value)
+
+
+def test_hf_index_naming_unpinned_shard_is_refused(checkpoint_root, tmp_path):
+    """A sharded checkpoint whose index now names another shard loads
+    through a file the artifact does not pin: refused before any weight is
+    read."""
+    import keras_vllm
+
+    directory = _checkpoint(checkpoint_root, "qwen2")
+    causal_lm = _changed_model(directory)
+    out = causal_lm.export_vllm(
+        str(tmp_path / "out"), max_sequence_length=64, golden_prompts=[]
+    )
+    copy = str(tmp_path / "copied_checkpoint")
+    shutil.copytree(directory, copy)
+    index_path = os.path.join(copy, fmt.HF_SHARDED_INDEX_FILE)
+    with open(index_path) as f:
+        index = json.load(f)
+    key = sorted(index["weight_map"])[0]
+    shard = index["weight_map"][key]
+    os.rename(os.path.join(copy, shard), os.path.join(copy, "other.safetensors"))
+    index["weight_map"][key] = "other.safetensors"
+    with open(index_path, "w") as f:
+        json.dump(index, f)
+    with pytest.raises(ArtifactError, match="names other shards than"):
+        keras_vllm.load_causal_lm(out, preset=copy, verbose=False)
+
+
+@pytest.mark.serving
+def test_engine_serves_delta_on_hf_checkpoint(checkpoint_root, tmp_path):
+    pytest.importorskip("tpu_inference")
+    from helpers import serving_checks
+
+    causal_lm = _changed_model(_checkpoint(checkpoint_root, "llama"))
+    engine = serving_checks.start_engine(causal_lm, str(tmp_path / "out"))
+    try:
+        manifest = fmt.read_manifest(str(tmp_path / "out"))
+        assert manifest["weights"]["mode"] == "delta"
+        serving_checks.check_greedy_matches_generate(engine, causal_lm)
+    finally:
+        serving_checks.shutdown(engine)
