@@ -192,3 +192,45 @@ def test_engine_serves_delta_on_hf_checkpoint(checkpoint_root, tmp_path):
         assert [list(o.outputs[0].token_ids) for o in outputs] == want
     finally:
         serving_checks.shutdown(engine)
+
+
+@pytest.mark.parametrize(
+    "names, problem",
+    [
+        ({"config.json", "model.safetensors"}, None),
+        (
+            {"config.json", "model.safetensors.index.json",
+             "model-00001-of-00002.safetensors",
+             "model-00002-of-00002.safetensors"},
+            None,
+        ),
+        ({"model.safetensors"}, "does not pin the preset's config.json"),
+        ({"config.json", "model.safetensors", "model.weights.h5"}, "mixes"),
+        (
+            {"config.json", "model.safetensors",
+             "model.safetensors.index.json"},
+            "pins both",
+        ),
+        (
+            {"config.json", "model.safetensors.index.json"},
+            "none of its shards",
+        ),
+        (
+            {"config.json", "model.safetensors", "model-00001.safetensors"},
+            "shards beside",
+        ),
+        ({"config.json", "tokenizer.json"}, "does not read"),
+        ({"config.json", "x.safetensors.bak"}, "does not read"),
+    ],
+)
+def test_hf_preset_pins_are_checked(names, problem):
+    """A delta manifest's pins over a Hugging Face checkpoint: one format's
+    config and every weight file, nothing else (plain Python)."""
+    from keras_vllm.format import references
+
+    preset = {"handle": "/models/x", "files": dict.fromkeys(names, "0" * 64)}
+    if problem is None:
+        references.check_preset_reference(preset, "delta")
+        return
+    with pytest.raises(ArtifactError, match=problem):
+        references.check_preset_reference(preset, "delta")
