@@ -4,7 +4,11 @@ An artifact that does not store every weight points at the KerasHub preset
 it was fine-tuned from (a local directory, or a `kaggle://` / `hf://`
 handle that keras-hub resolves where a network or cache exists) and records
 the SHA-256 of each preset file it uses, so a later load proves it uses the
-same base weights.
+same base weights. Both on-disk formats keras-hub loads are covered: a
+KerasHub preset (`config.json` with `registered_name`, `model.weights.h5`
+or its shards) and a Hugging Face checkpoint that keras-hub converts on
+load (`config.json` with `model_type`, `model.safetensors` or
+`model.safetensors.index.json` and its shards).
 """
 
 import os
@@ -13,6 +17,7 @@ from keras_vllm import format as fmt
 from keras_vllm.errors import IntegrityError
 from keras_vllm.errors import PresetUnavailableError
 from keras_vllm.format import references
+from keras_vllm.format.checks import fail
 from keras_vllm.format import sha256_file
 from keras_vllm.format import weight_tree
 
@@ -20,6 +25,8 @@ from keras_vllm.format import weight_tree
 _CONFIG = fmt.PRESET_CONFIG_FILE
 _WEIGHTS = fmt.PRESET_WEIGHTS_FILE
 _SHARDED_WEIGHTS = fmt.PRESET_SHARDED_INDEX_FILE
+_HF_WEIGHTS = fmt.HF_WEIGHTS_FILE
+_HF_SHARDED_WEIGHTS = fmt.HF_SHARDED_INDEX_FILE
 
 
 def _preset_file(handle, name, for_engine=False):
@@ -86,10 +93,43 @@ def check_available(handle, names):
         _preset_file(handle, name, for_engine=True)
 
 
+def _read_config(handle):
+    return fmt.read_json(
+        _preset_file(handle, _CONFIG),
+        fmt.MAX_SMALL_JSON_BYTES,
+        f"{_CONFIG} of the preset '{handle}'",
+        follow=True,
+    )
+
+
+def preset_format(config):
+    """The on-disk format of a preset, by keras-hub's own rule on its
+    `config.json`: `"keras"` (a serialized Keras object) or
+    `"transformers"` (a Hugging Face checkpoint keras-hub converts).
+
+    Raises:
+        ArtifactError: for any other config (keras-vllm pins no other
+            format's files).
+    """
+    if isinstance(config, dict) and "registered_name" in config:
+        return "keras"
+    if isinstance(config, dict) and "model_type" in config:
+        return "transformers"
+    fail(
+        f"The preset's {_CONFIG} is neither a KerasHub preset config (no "
+        "'registered_name') nor a Hugging Face config (no 'model_type'), so "
+        "keras-vllm cannot pin the files its weights come from. Export with "
+        "`weights='full'`."
+    )
+
+
 def backbone_files(handle, pinned=None):
     """Lists the preset files that hold the backbone config and weights:
-    those `Backbone.from_preset` reads (`model.weights.h5` when present,
-    else the sharded index and the shards it names).
+    those `Backbone.from_preset` reads. For a KerasHub preset,
+    `model.weights.h5` when present, else the sharded index and the shards
+    it names; for a Hugging Face checkpoint, `model.safetensors.index.json`
+    and the shards it names when present, else `model.safetensors`
+    (keras-hub's converter prefers the index).
 
     Args:
         handle: the preset.
@@ -99,31 +139,37 @@ def backbone_files(handle, pinned=None):
     from keras_hub.src.utils.preset_utils import check_file_exists
 
     # Resolves the handle first: an unknown one fails with how to fix it.
-    _preset_file(handle, _CONFIG)
+    layout = preset_format(_read_config(handle))
     files = [_CONFIG]
-    # keras-hub's own order: a single weights file wins over an index.
-    if not check_file_exists(handle, _WEIGHTS) and check_file_exists(
-        handle, _SHARDED_WEIGHTS
-    ):
-        index = fmt.read_json(
-            _preset_file(handle, _SHARDED_WEIGHTS),
-            fmt.MAX_MANIFEST_BYTES,
-            f"{_SHARDED_WEIGHTS} of the preset '{handle}'",
-            follow=True,
-        )
-        if pinned is None:
-            pinned = [
-                v
-                for value in (index.get("weight_map") or {}).values()
-                for v in (value if isinstance(value, list) else [value])
-                if isinstance(v, str)
-            ]
-        files += [_SHARDED_WEIGHTS] + references.check_sharded_index(
-            index, pinned, f"{_SHARDED_WEIGHTS} of '{handle}'"
-        )
+    if layout == "keras":
+        single, index_name = _WEIGHTS, _SHARDED_WEIGHTS
+        # keras-hub's own order: a single weights file wins over an index.
+        use_index = not check_file_exists(
+            handle, _WEIGHTS
+        ) and check_file_exists(handle, _SHARDED_WEIGHTS)
     else:
-        files.append(_WEIGHTS)
-    return files
+        single, index_name = _HF_WEIGHTS, _HF_SHARDED_WEIGHTS
+        # keras-hub's SafetensorLoader: an index wins over a single file.
+        use_index = check_file_exists(handle, _HF_SHARDED_WEIGHTS)
+    if not use_index:
+        return files + [single]
+    index = fmt.read_json(
+        _preset_file(handle, index_name),
+        fmt.MAX_MANIFEST_BYTES,
+        f"{index_name} of the preset '{handle}'",
+        follow=True,
+    )
+    if pinned is None:
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        pinned = [
+            v
+            for value in (weight_map or {}).values()
+            for v in (value if isinstance(value, list) else [value])
+            if isinstance(v, str)
+        ]
+    return files + [index_name] + references.check_sharded_index(
+        index, pinned, f"{index_name} of '{handle}'", layout
+    )
 
 
 def hash_preset(handle):
@@ -166,14 +212,16 @@ def check_preset(handle, expected, backbone=None):
         size = fmt.files.regular_file_size(
             path, f"Preset file '{name}' of '{handle}'"
         )
-        if name != _CONFIG and name != _SHARDED_WEIGHTS:
+        if name not in (_CONFIG, _SHARDED_WEIGHTS, _HF_SHARDED_WEIGHTS):
             weight_bytes += size
         if sha256_file(path) != digest:
             raise IntegrityError(
                 f"Preset file '{name}' of '{handle}' differs from the one "
-                "this artifact was exported against, so its base weights "
-                "are not the same. Point to the original preset, or "
-                "re-export with `weights='full'`."
+                "this artifact was exported against (its SHA-256 is not "
+                "the one 'preset.files' pins), so its base weights are not "
+                "the same. Point to the original preset (`preset=` in "
+                "Python, `--preset DIR` on the command line), or re-export "
+                "with `weights='full'`."
             )
     if backbone is not None:
         _check_preset_config(handle, backbone, weight_bytes)
@@ -181,31 +229,58 @@ def check_preset(handle, expected, backbone=None):
 
 def _check_preset_config(handle, backbone, weight_bytes):
     """The (pinned) preset config describes the manifest's backbone."""
-    config = fmt.read_json(
-        _preset_file(handle, _CONFIG),
-        fmt.MAX_SMALL_JSON_BYTES,
-        f"{_CONFIG} of the preset '{handle}'",
-        follow=True,
-    )
-    strip = lambda c: {k: v for k, v in c.items() if k not in ("dtype", "name")}
-    if not (
-        isinstance(config, dict)
-        and config.get("registered_name") == backbone["registered_name"]
-        and isinstance(config.get("config"), dict)
-        and strip(config["config"]) == strip(backbone["config"])
-    ):
-        raise IntegrityError(
-            f"The preset '{handle}' holds a different backbone than the one "
-            "this artifact was exported from (its config.json differs from "
-            "the manifest's backbone). Point to the original preset, or "
-            "re-export with `weights='full'`."
-        )
-    fmt.configs.check_config_values(config["config"], "preset config")
+    config = _read_config(handle)
+    if preset_format(config) == "transformers":
+        _check_transformers_config(handle, config, backbone)
+    else:
+        strip = lambda c: {
+            k: v for k, v in c.items() if k not in ("dtype", "name")
+        }
+        if not (
+            config.get("registered_name") == backbone["registered_name"]
+            and isinstance(config.get("config"), dict)
+            and strip(config["config"]) == strip(backbone["config"])
+        ):
+            raise IntegrityError(
+                f"The preset '{handle}' holds a different backbone than the "
+                "one this artifact was exported from (its config.json "
+                "differs from the manifest's backbone). Point to the "
+                "original preset, or re-export with `weights='full'`."
+            )
+        fmt.configs.check_config_values(config["config"], "preset config")
     weight_tree.check_preset_size(
         fmt.configs.estimate_parameters(backbone["config"]),
         weight_bytes,
         handle,
     )
+
+
+def _check_transformers_config(handle, config, backbone):
+    """A Hugging Face config converts (by keras-hub's converter, plain
+    Python: nothing is built) to the manifest's backbone class. The full
+    config is compared once keras-hub has built the backbone."""
+    import keras
+    from keras_hub.src.utils.transformers.preset_loader import (
+        TransformersPresetLoader,
+    )
+
+    try:
+        cls = TransformersPresetLoader(handle, config).check_backbone_class()
+        name = keras.saving.get_registered_name(cls)
+    except Exception as e:  # keras-hub raises ValueError and others
+        raise IntegrityError(
+            f"The Hugging Face checkpoint '{handle}' has a config.json "
+            f"keras-hub cannot convert ({type(e).__name__}: "
+            f"{str(e)[:200]}). Point to the original preset, or re-export "
+            "with `weights='full'`."
+        ) from None
+    if name != backbone["registered_name"]:
+        raise IntegrityError(
+            f"The Hugging Face checkpoint '{handle}' converts to a {name}, "
+            f"not the artifact's {backbone['registered_name']} (its "
+            "config.json is another model's). Point to the original preset, "
+            "or re-export with `weights='full'`."
+        )
 
 
 def describe(handle):

@@ -86,7 +86,12 @@ def _delta_against_preset(backbone, weights, handle, quantized_layers):
         # The quantized layers' policies are the difference the delta
         # stores; the rest of the config must be the preset's.
         config = {**config, "dtype": base.get_config()["dtype"]}
-    if type(base) is not type(backbone) or base.get_config() != config:
+    # A converted Hugging Face checkpoint gets an auto-numbered layer name
+    # per load, so names are not compared (as the loader does not).
+    unnamed = lambda c: {k: v for k, v in c.items() if k != "name"}
+    if type(base) is not type(backbone) or unnamed(
+        base.get_config()
+    ) != unnamed(config):
         raise ExportError(
             f"The model's backbone config differs from the preset "
             f"'{handle}', so its weights cannot be stored as a delta. Export "

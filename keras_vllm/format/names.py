@@ -7,7 +7,7 @@ once; the rest of `keras_vllm.format` (and nothing outside it) spells them.
 FORMAT_NAME = "keras_vllm"
 # The major version changes when a reader of an older version could
 # misread an artifact; the minor version when fields are only added.
-FORMAT_VERSION = (1, 2)
+FORMAT_VERSION = (1, 3)
 
 # vLLM-facing names. Chosen so they cannot collide with keras-hub 0.32's own
 # plugin, which registers `keras_hub` / `KerasHubForCausalLM`.
@@ -72,6 +72,13 @@ PRESET_CONFIG_FILE = "config.json"
 PRESET_WEIGHTS_FILE = "model.weights.h5"
 PRESET_SHARDED_INDEX_FILE = "model.weights.json"
 PRESET_SHARD_PATTERN = r"model_\d{5,6}\.weights\.h5"
+# A Hugging Face (transformers) checkpoint, which keras-hub converts on
+# load: the same `config.json` (with `model_type`, no `registered_name`),
+# its weights as `model.safetensors` or an index and the shards it names
+# (`save_pretrained` writes `model-00001-of-00002.safetensors`).
+HF_WEIGHTS_FILE = "model.safetensors"
+HF_SHARDED_INDEX_FILE = "model.safetensors.index.json"
+HF_SHARD_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_\-]{0,150}(\.[A-Za-z0-9_\-]{1,40}){0,4}\.safetensors"
 # Config keys through which keras-hub tokenizers take their assets (a
 # string there is a file path keras-hub would open): always null, because
 # an artifact's assets are the files in tokenizer/assets/.

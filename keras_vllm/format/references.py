@@ -20,6 +20,9 @@ import re
 
 from keras_vllm.format.checks import fail
 from keras_vllm.format.names import ASSET_CONFIG_KEYS
+from keras_vllm.format.names import HF_SHARD_PATTERN
+from keras_vllm.format.names import HF_SHARDED_INDEX_FILE
+from keras_vllm.format.names import HF_WEIGHTS_FILE
 from keras_vllm.format.names import MAX_CONFIG_DEPTH
 from keras_vllm.format.names import PRESET_CONFIG_FILE
 from keras_vllm.format.names import PRESET_SHARD_PATTERN
@@ -27,6 +30,37 @@ from keras_vllm.format.names import PRESET_SHARDED_INDEX_FILE
 from keras_vllm.format.names import PRESET_WEIGHTS_FILE
 
 _SHARD = re.compile(PRESET_SHARD_PATTERN)
+_HF_SHARD = re.compile(HF_SHARD_PATTERN)
+
+# The two ways a preset holds a backbone's weights, per on-disk format:
+# (single file, index, shard pattern, shard description).
+_LAYOUTS = {
+    "keras": (
+        PRESET_WEIGHTS_FILE, PRESET_SHARDED_INDEX_FILE, _SHARD,
+        "model_NNNNN.weights.h5",
+    ),
+    "transformers": (
+        HF_WEIGHTS_FILE, HF_SHARDED_INDEX_FILE, _HF_SHARD,
+        "*.safetensors",
+    ),
+}
+
+
+def _is_shard(name, layout):
+    single, _, pattern, _ = _LAYOUTS[layout]
+    return name != single and pattern.fullmatch(name) is not None
+
+
+def pinned_layout(names):
+    """The preset format (`"keras"` or `"transformers"`) whose weight files
+    `names` pins, or None when it pins none (a full export's reference)."""
+    for layout, (single, index, _, _) in _LAYOUTS.items():
+        if single in names or index in names or any(
+            _is_shard(n, layout) for n in names
+        ):
+            return layout
+    return None
+
 
 # `config_file` of each role: keras-hub's default names, the only ones an
 # export writes (keras-vllm never reads them, but a path there would be one
@@ -38,10 +72,14 @@ _CONFIG_FILE_NAMES = {
 
 
 def is_preset_file_name(name):
-    """Whether `name` is a preset file a backbone's `from_preset` reads."""
+    """Whether `name` is a preset file a backbone's `from_preset` reads: a
+    KerasHub preset's or a Hugging Face checkpoint's config and weights."""
     return isinstance(name, str) and (
-        name in (PRESET_CONFIG_FILE, PRESET_WEIGHTS_FILE, PRESET_SHARDED_INDEX_FILE)
-        or _SHARD.fullmatch(name) is not None
+        name == PRESET_CONFIG_FILE
+        or any(
+            name in (single, index) or _is_shard(name, layout)
+            for layout, (single, index, _, _) in _LAYOUTS.items()
+        )
     )
 
 
@@ -87,7 +125,7 @@ def check_config_file_field(config, role, where):
 
 def check_preset_reference(preset, mode):
     """The preset files a manifest pins: names the backbone reads, and for a
-    delta or preset artifact all of them.
+    delta or preset artifact all of them, of one preset format.
 
     Args:
         preset: the manifest's `preset` (validated structure) or None.
@@ -106,27 +144,37 @@ def check_preset_reference(preset, mode):
                 "which a KerasHub backbone does not read (only "
                 f"{PRESET_CONFIG_FILE}, {PRESET_WEIGHTS_FILE}, or "
                 f"{PRESET_SHARDED_INDEX_FILE} and its model_NNNNN.weights.h5 "
-                "shards). The manifest was altered; re-export the model."
+                f"shards; or a Hugging Face checkpoint's {HF_WEIGHTS_FILE}, "
+                f"or {HF_SHARDED_INDEX_FILE} and its .safetensors shards). "
+                "The manifest was altered; re-export the model."
             )
     if mode == "full":
         return
-    shards = {n for n in names if _SHARD.fullmatch(n)}
-    single = PRESET_WEIGHTS_FILE in names
-    indexed = PRESET_SHARDED_INDEX_FILE in names
+    layout = pinned_layout(names) or "keras"
+    single_name, index_name, _, _ = _LAYOUTS[layout]
+    shards = {n for n in names if _is_shard(n, layout)}
+    single = single_name in names
+    indexed = index_name in names
+    others = names - shards - {single_name, index_name, PRESET_CONFIG_FILE}
     problem = None
     if PRESET_CONFIG_FILE not in names:
         problem = f"does not pin the preset's {PRESET_CONFIG_FILE}"
+    elif others:
+        problem = (
+            f"mixes the files of two preset formats (e.g. "
+            f"'{sorted(others)[0]}' beside '{single_name}' or "
+            f"'{index_name}')"
+        )
     elif single == indexed:
         problem = (
             "pins no weight file"
             if not single
-            else f"pins both {PRESET_WEIGHTS_FILE} and "
-            f"{PRESET_SHARDED_INDEX_FILE}"
+            else f"pins both {single_name} and {index_name}"
         )
     elif indexed and not shards:
-        problem = f"pins {PRESET_SHARDED_INDEX_FILE} but none of its shards"
+        problem = f"pins {index_name} but none of its shards"
     elif single and shards:
-        problem = f"pins shards beside {PRESET_WEIGHTS_FILE}"
+        problem = f"pins shards beside {single_name}"
     if problem is not None:
         fail(
             f"Invalid manifest: a '{mode}' artifact takes weights from its "
@@ -136,7 +184,8 @@ def check_preset_reference(preset, mode):
         )
 
 
-def check_sharded_index(index, pinned, where=PRESET_SHARDED_INDEX_FILE):
+def check_sharded_index(index, pinned, where=PRESET_SHARDED_INDEX_FILE,
+                        layout="keras"):
     """A sharded preset's weight index: every shard it names is a plain
     shard name, and the pinned shards are exactly those it names.
 
@@ -144,24 +193,26 @@ def check_sharded_index(index, pinned, where=PRESET_SHARDED_INDEX_FILE):
         index: the parsed index (JSON).
         pinned: the names the artifact pins (`preset.files`).
         where: how messages name the index.
+        layout: the preset format, `"keras"` or `"transformers"`.
 
     Returns:
         The sorted shard names.
     """
+    describe = _LAYOUTS[layout][3]
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         fail(f"The preset's {where} has no 'weight_map' object.")
     shards = set()
     for key, value in weight_map.items():
         for name in value if isinstance(value, list) else [value]:
-            if not isinstance(name, str) or _SHARD.fullmatch(name) is None:
+            if not isinstance(name, str) or not _is_shard(name, layout):
                 fail(
                     f"The preset's {where} maps '{str(key)[:100]}' to "
                     f"{str(name)[:100]!r}, not a shard file of the preset "
-                    "(model_NNNNN.weights.h5). Use the original preset."
+                    f"({describe}). Use the original preset."
                 )
             shards.add(name)
-    pinned_shards = {n for n in pinned if _SHARD.fullmatch(n)}
+    pinned_shards = {n for n in pinned if _is_shard(n, layout)}
     if shards != pinned_shards:
         diff = sorted(shards ^ pinned_shards)
         fail(

@@ -1,0 +1,123 @@
+"""Tiny Hugging Face (transformers) checkpoints, written locally.
+
+Each is what `save_pretrained` writes (config.json and model.safetensors,
+or sharded safetensors with their index) plus the tokenizer files
+keras-hub's converter for the family reads, trained on the fixture corpus
+by `keras_vllm.testing.tokenizers`. No network.
+"""
+
+import json
+import os
+
+from keras_vllm.testing import tokenizers as tokenizers_lib
+
+# family -> (tokenizer kind, keras-vllm tokenizer layout).
+_TOKENIZERS = {
+    "llama": ("bpe", "llama3"),
+    "qwen2": ("bpe", "qwen"),
+    "gpt2": ("bpe", "gpt2"),
+    "gemma2": ("spm", "gemma"),
+    "mistral": ("spm", "llama"),
+}
+FAMILIES = tuple(_TOKENIZERS)
+
+
+def _write_json(directory, name, value):
+    with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+        json.dump(value, f)
+
+
+def _write_tokenizer(family, directory):
+    """Writes the tokenizer files; returns the vocabulary size."""
+    kind, layout = _TOKENIZERS[family]
+    if kind == "spm":
+        import sentencepiece
+
+        proto = tokenizers_lib.train_sentence_piece(layout)
+        with open(os.path.join(directory, "tokenizer.model"), "wb") as f:
+            f.write(proto)
+        return sentencepiece.SentencePieceProcessor(
+            model_proto=proto
+        ).vocab_size()
+    specials = tokenizers_lib.BPE_SPECIAL_TOKENS[layout]
+    vocabulary, merges = tokenizers_lib.train_byte_pair(specials)
+    if family == "gpt2":
+        _write_json(directory, "vocab.json", vocabulary)
+        with open(os.path.join(directory, "merges.txt"), "w") as f:
+            f.write("\n".join(merges) + "\n")
+        return len(vocabulary)
+    added = [{"id": vocabulary[t], "content": t} for t in specials]
+    _write_json(
+        directory,
+        "tokenizer.json",
+        {
+            "model": {"vocab": vocabulary, "merges": merges},
+            "added_tokens": added,
+        },
+    )
+    if family == "llama":
+        _write_json(
+            directory,
+            "tokenizer_config.json",
+            {"bos_token": specials[0], "eos_token": specials[1]},
+        )
+    return len(vocabulary)
+
+
+def _config(family, vocabulary_size):
+    import transformers
+
+    common = dict(
+        vocab_size=vocabulary_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    if family == "llama":
+        return transformers.LlamaConfig(
+            **common, tie_word_embeddings=False, bos_token_id=None,
+            eos_token_id=None,
+        )
+    if family == "qwen2":
+        return transformers.Qwen2Config(**common, tie_word_embeddings=True)
+    if family == "mistral":
+        return transformers.MistralConfig(
+            **common, sliding_window=None, tie_word_embeddings=False
+        )
+    if family == "gemma2":
+        return transformers.Gemma2Config(
+            **common, head_dim=8, query_pre_attn_scalar=8,
+            sliding_window=64,
+        )
+    return transformers.GPT2Config(
+        vocab_size=vocabulary_size, n_embd=32, n_layer=2, n_head=4,
+        n_positions=256,
+    )
+
+
+def write_checkpoint(family, directory, max_shard_size=None):
+    """Writes a tiny random checkpoint of `family` to `directory`.
+
+    Args:
+        family: one of `FAMILIES`.
+        directory: where to write (created).
+        max_shard_size: e.g. `"20KB"` to write sharded safetensors and
+            their index, else one `model.safetensors`.
+
+    Returns:
+        `directory`.
+    """
+    import torch
+    import transformers
+
+    os.makedirs(directory, exist_ok=True)
+    size = _write_tokenizer(family, directory)
+    torch.manual_seed(0)
+    config = _config(family, size)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(directory, safe_serialization=True, **kwargs)
+    return directory
