@@ -13,6 +13,7 @@ from keras_vllm import signing
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
+from keras_vllm.export import adapter as adapter_export
 from keras_vllm.export import quantized
 from keras_vllm.export import sections
 from keras_vllm.export import staging
@@ -133,6 +134,7 @@ def export_vllm(
     path,
     *,
     preset=None,
+    base=None,
     weights="auto",
     overwrite=False,
     golden_prompts=DEFAULT_GOLDEN_PROMPTS,
@@ -158,9 +160,14 @@ def export_vllm(
         preset: the preset handle or local preset directory the model was
             fine-tuned from. Defaults to the one recorded when the model was
             loaded with `from_preset()` after `import keras_vllm`.
-        weights: `"auto"` (store only what differs from the preset, nothing
-            if it equals it, everything without a preset), `"delta"`,
-            `"full"` or `"preset"`.
+        base: for a model with LoRA enabled, an existing keras-vllm
+            artifact the adapter applies to (bound by its manifest's
+            SHA-256); `preset=` names a preset base instead.
+        weights: `"auto"` (an adapter when LoRA is enabled and a base is
+            known; else store only what differs from the preset, nothing
+            if it equals it, everything without a preset), `"adapter"`
+            (only the LoRA factors and any other variable that differs
+            from the base), `"delta"`, `"full"` or `"preset"`.
         overwrite: replace an existing artifact at `path`.
         golden_prompts: prompts whose greedy outputs are recorded.
         golden_max_new_tokens: tokens generated per golden prompt.
@@ -200,19 +207,19 @@ def export_vllm(
         return _export(
             causal_lm, target, preset, weights, overwrite, golden_prompts,
             golden_max_new_tokens, max_sequence_length, chat_template,
-            allow_unservable, signer,
+            allow_unservable, signer, base,
         )
 
 
 def _export(
     causal_lm, target, preset, weights, overwrite, golden_prompts,
     golden_max_new_tokens, max_sequence_length, chat_template,
-    allow_unservable, signer,
+    allow_unservable, signer, base=None,
 ):
     if weights not in ("auto",) + fmt.WEIGHT_MODES:
         raise ExportError(
-            f"weights='{weights}' is not one of 'auto', 'delta', 'full', "
-            "'preset'."
+            f"weights='{weights}' is not one of 'auto', 'adapter', 'delta', "
+            "'full', 'preset'."
         )
     backbone = causal_lm.backbone
     preprocessor = causal_lm.preprocessor
@@ -230,7 +237,13 @@ def _export(
         serialized["backbone"] = quantized.neutral_backbone_config(
             serialized["backbone"], dtype
         )
-    handle = _preset_handle(causal_lm, preset)
+    if base is not None and preset is not None:
+        raise ExportError(
+            "Pass either `base=` (an artifact) or `preset=` as the adapter's "
+            "base, not both."
+        )
+    handle = None if base is not None else _preset_handle(causal_lm, preset)
+    as_adapter = adapter_export.wanted(weights, backbone, base, handle)
     if weights in ("delta", "preset") and handle is None:
         raise ExportError(
             f"weights='{weights}' needs the preset the model came from: pass "
@@ -268,7 +281,18 @@ def _export(
         phase.advance(len(all_weights))
     order = {path: i for i, path in enumerate(all_weights)}
     preset_section = None
-    if handle is not None and weights != "full":
+    adapter_section = None
+    variable_index = order
+    if as_adapter:
+        with progress.phase("collecting LoRA factors") as phase:
+            planned = adapter_export.plan(
+                backbone, serialized["backbone"], dtype, target, base, handle
+            )
+            phase.advance(len(planned.stored))
+        stored, mode = planned.stored, "adapter"
+        preset_section, adapter_section = planned.preset, planned.adapter
+        variable_index = planned.variables
+    elif handle is not None and weights != "full":
         with progress.phase(f"comparing with preset '{handle}'") as phase:
             preset_section = {
                 "handle": handle,
@@ -352,14 +376,15 @@ def _export(
                 "mode": mode,
                 "format": "orbax",
                 "directory": fmt.WEIGHTS_DIR if stored else None,
-                "lora": "merged",
+                "lora": "factors" if as_adapter else "merged",
                 "variables": {
                     p: {
                         "shape": list(v.shape),
                         "dtype": str(v.dtype),
-                        "index": order[p],
+                        "index": variable_index[p],
                     }
                     for p, v in sorted(stored.items())
+                    if p in variable_index
                 },
                 "bytes": int(sum(v.nbytes for v in stored.values())),
                 "total_variables": len(all_weights),
@@ -368,6 +393,7 @@ def _export(
             files=files,
             golden_reference=golden_ref,
             quantization=quantization,
+            adapter=adapter_section,
         )
         fmt.write_json(os.path.join(tmp, fmt.MANIFEST_FILE), manifest)
         if signer is not None:

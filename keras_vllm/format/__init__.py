@@ -28,6 +28,7 @@ print(opened.manifest["weights"]["mode"])
 ```
 """
 
+from keras_vllm.format import adapter
 from keras_vllm.format import quantization
 from keras_vllm.format.checksums import manifest_hash
 from keras_vllm.format.checksums import verify_files

@@ -18,6 +18,7 @@ import re
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import VersionSkewError
 from keras_vllm.format.files import read_json
+from keras_vllm.format import adapter
 from keras_vllm.format import quantization
 from keras_vllm.format.checks import fail
 from keras_vllm.format.quantization import QUANTIZED_VARIABLE_DTYPES
@@ -31,6 +32,7 @@ from keras_vllm.format.names import MAX_TOKENIZER_ASSET_BYTES
 from keras_vllm.format.names import TOKENIZER_ASSETS_DIR as _ASSETS
 from keras_vllm.format.names import FORMAT_VERSION
 from keras_vllm.format.names import GOLDEN_REFERENCES
+from keras_vllm.format.names import LORA_STORAGE
 from keras_vllm.format.names import MANIFEST_FIELDS
 from keras_vllm.format.names import MANIFEST_FILE
 from keras_vllm.format.names import MAX_DIM
@@ -69,7 +71,8 @@ def tokenizer_fingerprint(asset_digests, config):
 def new_manifest(*, written_by, preset, dtype, stop_token_ids,
                  max_sequence_length, sampler_in_vllm, unservable_reason,
                  parameter_count, weights, sections, files,
-                 golden_reference="generate", quantization=None):
+                 golden_reference="generate", quantization=None,
+                 adapter=None):
     """Assembles a manifest of this format version (see docs/FORMAT.md).
 
     Args:
@@ -89,6 +92,8 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
             `GOLDEN_REFERENCES`).
         quantization: the `quantization` section of a Keras-quantized
             model (`keras_vllm.format.quantization`), else None.
+        adapter: the `adapter` section of a LoRA adapter artifact
+            (`keras_vllm.format.adapter`), else None.
 
     Returns:
         The validated manifest dict.
@@ -113,6 +118,8 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
     }
     if quantization is not None:
         manifest["quantization"] = quantization
+    if adapter is not None:
+        manifest["adapter"] = adapter
     return validate_manifest(manifest)
 
 
@@ -304,7 +311,7 @@ def validate_manifest(manifest):
         f"'weights.mode' is '{mode}', expected one of {WEIGHT_MODES}.",
     )
     _expect(
-        mode == "full" or preset is not None,
+        mode in ("full", "adapter") or preset is not None,
         f"'weights.mode' is '{mode}' but the manifest has no preset.",
     )
     _expect(
@@ -316,8 +323,8 @@ def validate_manifest(manifest):
         f"'weights.directory' must be '{WEIGHTS_DIR}' or null.",
     )
     _expect(
-        weights.get("lora", "merged") == "merged",
-        "'weights.lora' must be 'merged'.",
+        weights.get("lora", "merged") in LORA_STORAGE,
+        f"'weights.lora' must be one of {LORA_STORAGE}.",
     )
     for key in ("bytes", "total_variables"):
         if key in weights:
@@ -345,6 +352,7 @@ def validate_manifest(manifest):
         "'weights.mode' is 'preset' but variables are listed.",
     )
     quantization.validate(manifest)
+    adapter.validate(manifest)
     files = _field(manifest, "files", dict, "manifest")
     _expect(len(files) <= MAX_FILES, "too many files listed.")
     for rel, entry in files.items():

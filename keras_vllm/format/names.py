@@ -29,7 +29,12 @@ CHAT_TEMPLATE_FILE = "chat_template.jinja"
 # one file the manifest's `files` does not list.
 SIGNATURE_FILE = "model.sig"
 
-WEIGHT_MODES = ("preset", "delta", "full")
+WEIGHT_MODES = ("preset", "delta", "full", "adapter")
+# `weights.lora`: factors folded into their kernels, or (adapter artifacts,
+# format 1.3) stored beside them as Keras' own `lora_kernel_a`/`_b`.
+LORA_STORAGE = ("merged", "factors")
+LORA_FACTORS = ("lora_kernel_a", "lora_kernel_b")
+MAX_LORA_RANK = 4096
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 
 # Bounds checked before anything is allocated from a manifest's numbers.
@@ -86,9 +91,9 @@ ASSET_CONFIG_KEYS = ("proto", "vocabulary", "merges")
 # The variable paths of the orbax tree: Keras paths, `/`-separated names.
 VARIABLE_PATH_PATTERN = r"[A-Za-z0-9_]{1,200}(/[A-Za-z0-9_]{1,200}){0,31}"
 
-# Every top-level manifest field of format 1.2 (`validate_manifest` refuses
+# Every top-level manifest field of format 1.3 (`validate_manifest` refuses
 # others unless the artifact declares a newer minor version). 1.1 added
-# `golden_reference`, 1.2 `quantization`.
+# `golden_reference`, 1.2 `quantization`, 1.3 `adapter`.
 MANIFEST_FIELDS = (
     "format",
     "format_version",
@@ -110,6 +115,7 @@ MANIFEST_FIELDS = (
     "sampler",
     "golden_reference",
     "quantization",
+    "adapter",
     "files",
 )
 # How golden outputs were computed in Keras (1.0 artifacts: "generate").

@@ -22,6 +22,7 @@ orbax's own metadata before restoring.
 import math
 import re
 
+from keras_vllm.format import adapter
 from keras_vllm.format import quantization
 from keras_vllm.format.checks import fail
 from keras_vllm.format.names import VARIABLE_PATH_PATTERN
@@ -124,7 +125,7 @@ def check_orbax_tree(read, manifest):
         if path in stored:
             fail(f"{rel} lists '{path[:200]}' twice; the weights are damaged.")
         stored.add(path)
-    listed = set(manifest["weights"]["variables"])
+    listed = adapter.stored_paths(manifest)
     if stored != listed:
         diff = sorted(stored ^ listed)
         fail(

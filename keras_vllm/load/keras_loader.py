@@ -14,6 +14,7 @@ from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.load.class_checks import check_config_keys
 from keras_vllm.load.class_checks import resolve_classes
+from keras_vllm.load import adapter
 from keras_vllm.load import quantized
 from keras_vllm.load.opening import open_verified
 
@@ -53,7 +54,8 @@ def _same_config(a, b):
     return strip(a) == strip(b)
 
 
-def build_backbone(path, manifest, dtype=None, preset=None):
+def build_backbone(path, manifest, dtype=None, preset=None, base=None,
+                   merge_lora=False):
     """Rebuilds the backbone with the artifact's weights.
 
     Args:
@@ -62,11 +64,21 @@ def build_backbone(path, manifest, dtype=None, preset=None):
         dtype: variable dtype to build in; defaults to the exported one.
         preset: a local directory or handle to use instead of the recorded
             preset reference (its files must hash to the recorded values).
+        base: an adapter artifact's base directory, instead of the
+            recorded path (it must be the recorded artifact).
+        merge_lora: for an adapter artifact, fold its LoRA factors into the
+            kernels (serving) instead of enabling LoRA with them.
 
     Returns:
         A `keras_hub.models.Backbone`.
     """
     import keras_hub
+
+    if adapter.is_adapter(manifest):
+        return adapter.build_adapter_backbone(
+            path, manifest, dtype=dtype, preset=preset, base=base,
+            merge=merge_lora,
+        )
 
     cls, config = _config(manifest, "backbone")
     dtype = dtype or manifest["dtype"]
@@ -138,6 +150,36 @@ def stored_values(backbone, path, manifest, dtype=None):
     dtype = dtype or manifest["dtype"]
     weights = manifest["weights"]
     mode = weights["mode"]
+    variables, specs = matched_specs(backbone, manifest, dtype)
+    if specs:
+        directory = fmt.safe_join(path, fmt.WEIGHTS_DIR)
+        with progress.phase(
+            f"restoring {mode} weights", total=weights["bytes"], unit="bytes"
+        ) as phase:
+            restored = weight_io.restore_weights(directory, specs)
+            values = cast_values(variables, restored)
+            phase.advance(sum(v.nbytes for _, v in values))
+            return values
+    return []
+
+
+def cast_values(variables, restored):
+    """`[(variable, value)]` for the restored `{path: array}` of matched
+    `variables`, cast only when the caller asked for another dtype."""
+    values = []
+    for var_path, variable in variables.items():
+        value = restored[var_path]
+        if str(value.dtype) != variable.dtype:
+            value = value.astype(variable.dtype)
+        values.append((variable, value))
+    return values
+
+
+def matched_specs(backbone, manifest, dtype):
+    """`({path: variable}, {path: (shape, dtype)})` of the stored variables,
+    each checked against the backbone's variable at its position."""
+    weights = manifest["weights"]
+    mode = weights["mode"]
     ordered = weight_io.ordered_variables(backbone)
     matcher = weight_io.VariableMatcher(backbone, ordered)
     variables = {}
@@ -169,22 +211,7 @@ def stored_values(backbone, path, manifest, dtype=None):
             f"The artifact is a full export but lacks variable "
             f"'{(missing or ['?'])[0]}'."
         )
-    if specs:
-        directory = fmt.safe_join(path, fmt.WEIGHTS_DIR)
-        with progress.phase(
-            f"restoring {mode} weights", total=weights["bytes"], unit="bytes"
-        ) as phase:
-            restored = weight_io.restore_weights(directory, specs)
-            values = []
-            for var_path, value in restored.items():
-                variable = variables[var_path]
-                # A cast only when the caller asked for another dtype.
-                if str(value.dtype) != variable.dtype:
-                    value = value.astype(variable.dtype)
-                values.append((variable, value))
-                phase.advance(value.nbytes)
-            return values
-    return []
+    return variables, specs
 
 
 def load_tokenizer(path, manifest=None):
@@ -272,7 +299,9 @@ def preflight(path, manifest, preset=None):
         ArtifactError: (or a subclass) as `load_causal_lm` would.
     """
     resolve_classes(manifest)
-    if manifest["weights"]["mode"] != "full":
+    if adapter.is_adapter(manifest):
+        adapter.open_base(path, manifest)
+    if manifest["preset"] is not None and manifest["weights"]["mode"] != "full":
         recorded = manifest["preset"]
         presets.check_available(
             preset or recorded["handle"], sorted(recorded["files"])
@@ -281,7 +310,7 @@ def preflight(path, manifest, preset=None):
 
 
 def load_causal_lm(
-    path, *, dtype=None, preset=None, verify=True, verbose="auto",
+    path, *, dtype=None, preset=None, base=None, verify=True, verbose="auto",
     public_key=None,
 ):
     """Rebuilds a KerasHub `CausalLM` from a keras-vllm artifact.
@@ -296,6 +325,10 @@ def load_causal_lm(
             exported dtype.
         preset: use this preset directory or handle instead of the recorded
             reference (same content required).
+        base: for an adapter artifact, its base artifact's directory
+            instead of the recorded path (it must be the recorded artifact,
+            by manifest hash). The model is returned with LoRA enabled and
+            the adapter's factors loaded, not merged.
         verify: check every file's checksum first (recommended).
         verbose: `"auto"` draws one progress line per phase on a terminal
             (not in CI); `True` also prints the phases elsewhere; `False`
@@ -317,14 +350,17 @@ def load_causal_lm(
     """
     path = os.fspath(path)
     with progress.verbosity(verbose):
-        return _load_causal_lm(path, dtype, preset, verify, public_key)
+        return _load_causal_lm(path, dtype, preset, verify, public_key, base)
 
 
-def _load_causal_lm(path, dtype, preset, verify, public_key):
+def _load_causal_lm(path, dtype, preset, verify, public_key, base=None):
     manifest = open_verified(
         path, verify=verify, verbose="auto", public_key=public_key
     ).manifest
     resolved = resolve_classes(manifest)
+    if adapter.is_adapter(manifest):
+        # The base is the recorded one and fits, before anything is built.
+        adapter.open_base(path, manifest, base, verify=verify)
     # The tokenizer first: it is cheap, and its probes catch swapped assets
     # before any weight is allocated.
     tokenizer = load_tokenizer(path, manifest)
@@ -334,7 +370,9 @@ def _load_causal_lm(path, dtype, preset, verify, public_key):
     )
     sampler_cls, sampler_config = _config(manifest, "sampler")
     sampler = _construct(sampler_cls, sampler_config, "sampler")
-    backbone = build_backbone(path, manifest, dtype=dtype, preset=preset)
+    backbone = build_backbone(
+        path, manifest, dtype=dtype, preset=preset, base=base
+    )
     lm_cls = resolved["causal_lm"]
     try:
         causal_lm = lm_cls(backbone=backbone, preprocessor=preprocessor)

@@ -59,6 +59,9 @@ class KerasVllmForCausalLM(nnx.Module):
                 manifest,
                 dtype=self.dtype_name,
                 preset=envs.preset(),
+                # An adapter is served merged into the base's kernels: the
+                # paged layers call the plain projections.
+                merge_lora=True,
             )
         self.attention_layers = len(swap_in_paged_layers(backbone))
         # Every variable on the runner's mesh (split for tensor parallelism,

@@ -1,0 +1,197 @@
+"""Adapter artifact -> the base backbone with its LoRA factors.
+
+Everything that can be refused from the manifests alone (the base is the
+recorded one, it holds the same backbone, it has every target kernel) is
+refused before the base is built; the targets are checked again against
+the built base before any of the adapter's weights is read.
+"""
+
+import os
+
+import numpy as np
+
+from keras_vllm import format as fmt
+from keras_vllm import progress
+from keras_vllm import weights as weight_io
+from keras_vllm.errors import ArtifactError
+from keras_vllm.errors import IntegrityError
+from keras_vllm.load.opening import open_verified
+
+
+def is_adapter(manifest):
+    return manifest["weights"]["mode"] == "adapter"
+
+
+def base_path(path, manifest, base=None):
+    """The recorded base artifact's directory (None for a preset base).
+
+    Args:
+        path: the adapter artifact's directory.
+        manifest: its validated manifest.
+        base: a directory to use instead of the recorded path (a moved
+            copy); it must hold the recorded artifact.
+    """
+    reference = manifest["adapter"]["base"]
+    if reference["kind"] != "artifact":
+        return None
+    if base is None:
+        base = reference["path"]
+        if not os.path.isabs(base):
+            base = os.path.join(path, base)
+    return os.path.normpath(os.path.abspath(os.fspath(base)))
+
+
+def open_base(path, manifest, base=None, verify=True):
+    """Opens and checks the base artifact against the adapter's reference.
+
+    Returns:
+        `(base directory, base manifest)`, or `(None, None)` for a preset
+        base (checked by the preset loader against its pinned digests).
+
+    Raises:
+        IntegrityError: the base is not the recorded one.
+        ArtifactError: it does not fit the adapter (another backbone, a
+            missing target kernel).
+    """
+    directory = base_path(path, manifest, base)
+    if directory is None:
+        return None, None
+    reference = manifest["adapter"]["base"]
+    if not os.path.isdir(directory):
+        raise ArtifactError(
+            f"The adapter '{path}' applies to the base artifact "
+            f"'{directory}' ('adapter.base.path'), which does not exist. "
+            "Put the base there, or pass its directory as `base=`."
+        )
+    digest = fmt.manifest_hash(directory)
+    if digest != reference["manifest_sha256"]:
+        raise IntegrityError(
+            f"The base '{directory}' is not the artifact the adapter '{path}' "
+            f"was exported against: its manifest hashes to {digest[:12]}..., "
+            f"the adapter records {reference['manifest_sha256'][:12]}... "
+            "('adapter.base.manifest_sha256'). Pass the adapter's own base."
+        )
+    base_manifest = open_verified(directory, verify=verify).manifest
+    fmt.adapter.check_targets(manifest, base_manifest, directory)
+    return directory, base_manifest
+
+
+def _base_backbone(path, manifest, dtype, preset, base):
+    from keras_vllm.load import keras_loader
+
+    directory, base_manifest = open_base(path, manifest, base)
+    if directory is not None:
+        return keras_loader.build_backbone(
+            directory, base_manifest, dtype=dtype, preset=preset
+        )
+    # A preset base: the preset branch of `build_backbone`, with none of the
+    # adapter's own weights.
+    as_preset = dict(manifest, weights=dict(manifest["weights"], mode="preset",
+                                            variables={}))
+    return keras_loader.build_backbone(
+        path, as_preset, dtype=dtype, preset=preset
+    )
+
+
+def _target_layers(backbone, manifest):
+    """`{layer path: (layer, kernel variable)}`, matched by position."""
+    ordered = weight_io.ordered_variables(backbone)
+    matcher = weight_io.VariableMatcher(backbone, ordered)
+    owners = {}
+    for layer in backbone._flatten_layers(include_self=False, recursive=True):
+        kernel = getattr(layer, "_kernel", None)
+        if kernel is not None:
+            owners[id(kernel)] = layer
+    found = {}
+    for layer_path, target in sorted(manifest["adapter"]["targets"].items()):
+        try:
+            kernel = matcher.match(target["kernel"], target["kernel_index"])
+        except ArtifactError as e:
+            raise ArtifactError(
+                f"The adapter targets a kernel the base lacks: {e}"
+            ) from None
+        layer = owners.get(id(kernel))
+        if (
+            layer is None
+            or not hasattr(layer, "enable_lora")
+            or tuple(kernel.shape) != tuple(target["kernel_shape"])
+            or getattr(layer, "quantization_mode", None) is not None
+        ):
+            raise ArtifactError(
+                f"The adapter targets '{target['kernel']}' "
+                f"{target['kernel_shape']}, but the base's variable there is "
+                f"'{kernel.path}' {list(kernel.shape)}, not a float kernel of "
+                "a layer Keras can apply LoRA to. The adapter does not fit "
+                "this base."
+            )
+        found[layer_path] = (layer, kernel)
+    return found
+
+
+def build_adapter_backbone(path, manifest, dtype=None, preset=None,
+                           base=None, merge=False):
+    """The base backbone with the adapter applied.
+
+    Args:
+        path: the adapter artifact (verified).
+        manifest: its validated manifest.
+        dtype: variable dtype; defaults to the exported one.
+        preset: where a preset base is loaded from instead of its handle.
+        base: the base artifact's directory instead of the recorded one.
+        merge: fold the factors into the kernels (serving) instead of
+            enabling LoRA with them (training can resume).
+
+    Returns:
+        A `keras_hub.models.Backbone`.
+    """
+    from keras_vllm.load import keras_loader
+
+    dtype = dtype or manifest["dtype"]
+    backbone = _base_backbone(path, manifest, dtype, preset, base)
+    layers = _target_layers(backbone, manifest)
+    variables, specs = keras_loader.matched_specs(backbone, manifest, dtype)
+    factor_specs = fmt.adapter.factor_specs(manifest)
+    with progress.phase("restoring the adapter", total=manifest["weights"][
+            "bytes"], unit="bytes") as phase:
+        # One restore of the whole tree: orbax refuses a partial one.
+        restored = weight_io.restore_weights(
+            fmt.safe_join(path, fmt.WEIGHTS_DIR), {**specs, **factor_specs}
+        )
+        phase.advance(manifest["weights"]["bytes"])
+    factors = {p: restored[p] for p in factor_specs}
+    for variable, value in keras_loader.cast_values(variables, restored):
+        variable.assign(value)
+    targets = manifest["adapter"]["targets"]
+    if merge:
+        for layer_path, (layer, kernel) in layers.items():
+            a_path, b_path = fmt.adapter.factor_paths(layer_path)
+            target = targets[layer_path]
+            # Keras' own merge (`EinsumDense.kernel` with LoRA enabled):
+            # kernel + alpha / rank * A @ B, in float32, cast to the kernel.
+            update = np.matmul(factors[a_path], factors[b_path])
+            merged = np.asarray(kernel.value, "float32") + (
+                target["alpha"] / target["rank"]
+            ) * update
+            kernel.assign(merged.astype(kernel.dtype))
+        return backbone
+    backbone.trainable = True
+    for layer in backbone._flatten_layers(include_self=False):
+        layer.trainable = False
+    for layer_path, (layer, _) in layers.items():
+        target = targets[layer_path]
+        layer.trainable = True
+        layer.enable_lora(target["rank"], lora_alpha=target["alpha"])
+        a_path, b_path = fmt.adapter.factor_paths(layer_path)
+        layer.lora_kernel_a.assign(factors[a_path])
+        layer.lora_kernel_b.assign(factors[b_path])
+    ranks = {t["rank"] for t in targets.values()}
+    if len(ranks) == 1:
+        # What `Backbone.enable_lora` records, for `save_lora_weights`.
+        backbone._lora_rank = ranks.pop()
+        weighted = [lyr for lyr in backbone._flatten_layers(include_self=False)
+                    if lyr.weights]
+        chosen = {id(layer) for layer, _ in layers.values()}
+        backbone._lora_enabled_layers = [
+            i for i, lyr in enumerate(weighted) if id(lyr) in chosen
+        ]
+    return backbone

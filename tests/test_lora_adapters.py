@@ -1,0 +1,280 @@
+"""LoRA adapter artifacts (format 1.3): export, Keras load, one-engine serving.
+
+One tiny Llama base (exported full) and two LoRA adapters of it, each
+trained a few steps on other sentences, so their greedy outputs differ.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import keras_vllm
+from keras_vllm import format as fmt
+from keras_vllm import reference
+from keras_vllm import testing
+from keras_vllm.errors import ArtifactError
+from keras_vllm.errors import ExportError
+from keras_vllm.errors import IntegrityError
+from keras_vllm.testing.models import NUM_LAYERS
+from keras_vllm.load import keras_loader
+
+from helpers.trained_models import trained
+from helpers.trained_models import trained_copy
+
+RANK = 2
+NEW_TOKENS = 8
+GOLDEN = {"golden_prompts": testing.prompts()[:2],
+          "golden_max_new_tokens": NEW_TOKENS}
+# One golden prompt where no test reads more (each costs a compile).
+ONE_GOLDEN = {"golden_prompts": testing.prompts()[:1],
+              "golden_max_new_tokens": NEW_TOKENS}
+# Each adapter learns to repeat other token ids, so their outputs differ.
+TEXTS = {
+    "support": ["alpha beta gamma alpha beta gamma alpha beta gamma."] * 4,
+    "legal": ["water is wet water is wet water is wet water is wet."] * 4,
+}
+
+
+def _bytes(path):
+    return sum(
+        os.path.getsize(os.path.join(d, f))
+        for d, _, files in os.walk(path)
+        for f in files
+    )
+
+
+def _adapter_model(texts, steps=8):
+    model = trained_copy("llama")
+    model.backbone.enable_lora(RANK)
+    testing.fine_tune(model, steps=steps, texts=texts, learning_rate=5e-2)
+    return model
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    base = trained("llama").export_vllm(
+        root / "base", weights="full", **ONE_GOLDEN
+    )
+    models, paths = {}, {}
+    for name, texts in TEXTS.items():
+        models[name] = _adapter_model(texts)
+        paths[name] = models[name].export_vllm(
+            root / name, base=base, max_sequence_length=256, **GOLDEN
+        )
+    full = models["support"].export_vllm(
+        root / "support_full", weights="full", **ONE_GOLDEN
+    )
+    return {"root": root, "base": base, "models": models, "paths": paths,
+            "full": full}
+
+
+def _golden(path):
+    with open(os.path.join(path, fmt.GOLDEN_FILE)) as f:
+        return [r["output_ids"] for r in json.load(f)["outputs"]]
+
+
+def _greedy(model, text):
+    ids = reference.prompt_token_ids(model, text)
+    return list(reference.greedy_continuation(model, ids, NEW_TOKENS, []))
+
+
+def test_adapter_stores_only_the_factors(exports):
+    manifest = fmt.read_manifest(exports["paths"]["support"])
+    weights = manifest["weights"]
+    assert manifest["format_version"] == [1, 3]
+    assert weights["mode"] == "adapter" and weights["lora"] == "factors"
+    # Llama's query/value projections carry no bias: nothing else changed.
+    assert weights["variables"] == {}
+    targets = manifest["adapter"]["targets"]
+    assert len(targets) == 2 * NUM_LAYERS
+    assert {t["rank"] for t in targets.values()} == {RANK}
+    base = manifest["adapter"]["base"]
+    assert base["kind"] == "artifact" and base["path"] == os.path.join("..", "base")
+    assert base["manifest_sha256"] == fmt.manifest_hash(exports["base"])
+    adapter_bytes = _bytes(exports["paths"]["support"])
+    full_bytes = _bytes(exports["full"])
+    factor_bytes = weights["bytes"]
+    full_weight_bytes = fmt.read_manifest(exports["full"])["weights"]["bytes"]
+    print(
+        f"adapter/full artifact bytes: {adapter_bytes}/{full_bytes} = "
+        f"{adapter_bytes / full_bytes:.3%}; stored weight bytes "
+        f"{factor_bytes}/{full_weight_bytes} = "
+        f"{factor_bytes / full_weight_bytes:.3%}"
+    )
+    assert factor_bytes < 0.1 * full_weight_bytes
+    assert adapter_bytes < 0.1 * full_bytes
+
+
+def test_load_returns_base_with_lora_factors(exports):
+    model = exports["models"]["support"]
+    loaded = keras_vllm.load_causal_lm(exports["paths"]["support"])
+    lora = [l for l in loaded.backbone._flatten_layers() if getattr(
+        l, "lora_enabled", False)]
+    assert len(lora) == 2 * NUM_LAYERS
+    originals = {l.path: l for l in model.backbone._flatten_layers()
+                 if getattr(l, "lora_enabled", False)}
+    for layer in lora:
+        np.testing.assert_array_equal(
+            layer.lora_kernel_a.numpy(), originals[layer.path].lora_kernel_a.numpy()
+        )
+        # Not merged: the plain kernel is the base's.
+        assert not layer._kernel.trainable and layer.lora_kernel_a.trainable
+    # golden.json holds the exported model's own generate() outputs.
+    assert keras_loader.check_golden(loaded, exports["paths"]["support"]) == []
+
+
+def test_adapters_and_base_differ(exports):
+    outputs = [_golden(exports["paths"][n]) for n in TEXTS] + [
+        _golden(exports["base"])
+    ]
+    assert outputs[0] != outputs[1]
+    assert outputs[2][0] not in (outputs[0][0], outputs[1][0])
+
+
+def test_wrong_base_is_refused_before_building(exports, monkeypatch, tmp_path):
+    def no_build(*args, **kwargs):
+        raise AssertionError("built a backbone before refusing")
+
+    monkeypatch.setattr(keras_loader, "_construct", no_build)
+    with pytest.raises(IntegrityError, match="not the artifact the adapter"):
+        keras_vllm.load_causal_lm(
+            exports["paths"]["support"], base=exports["full"]
+        )
+    # The recorded path holding another artifact is refused too.
+    moved = tmp_path / "pair"
+    moved.mkdir()
+    shutil.copytree(exports["paths"]["support"], moved / "support")
+    shutil.copytree(exports["full"], moved / "base")
+    with pytest.raises(IntegrityError, match="manifest_sha256"):
+        keras_vllm.load_causal_lm(moved / "support")
+    shutil.rmtree(moved / "base")
+    with pytest.raises(ArtifactError, match="does not exist"):
+        keras_vllm.load_causal_lm(moved / "support")
+
+
+def _edited_copy(exports, tmp_path, edit):
+    path = tmp_path / "support"
+    shutil.copytree(exports["paths"]["support"], path)
+    manifest = json.loads((path / "manifest.json").read_text())
+    edit(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    base = os.path.join(os.path.dirname(exports["paths"]["support"]), "base")
+    return path, base
+
+
+def test_target_the_base_lacks_is_refused(exports, monkeypatch, tmp_path):
+    def edit(manifest):
+        target = next(iter(manifest["adapter"]["targets"].values()))
+        target["kernel_index"] = 0  # the token embedding
+    path, base = _edited_copy(exports, tmp_path, edit)
+    monkeypatch.setattr(
+        keras_loader, "_construct",
+        lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")),
+    )
+    with pytest.raises(ArtifactError, match="the base lacks that kernel"):
+        keras_vllm.load_causal_lm(path, base=base)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.update(rank=0), "rank"),
+        (lambda t: t.update(rank=True), "rank"),
+        (lambda t: t.update(alpha=float("inf")), "alpha"),
+        (lambda t: t.update(kernel="../../etc/kernel"), "kernel"),
+        (lambda t: t.update(kernel_shape=[64]), "kernel_shape"),
+        (lambda t: t.update(extra=1), "exactly"),
+    ],
+)
+def test_hostile_target_fields_are_refused(exports, edit, message):
+    manifest = fmt.read_manifest(exports["paths"]["support"])
+    manifest = json.loads(json.dumps(manifest))
+    edit(next(iter(manifest["adapter"]["targets"].values())))
+    with pytest.raises(ArtifactError, match=message):
+        fmt.validate_manifest(manifest)
+
+
+def test_hostile_adapter_sections_are_refused(exports):
+    manifest = fmt.read_manifest(exports["paths"]["support"])
+    for edit, message in [
+        (lambda m: m.pop("adapter"), "exactly when"),
+        (lambda m: m["weights"].update(lora="merged"), "exactly when"),
+        (lambda m: m["adapter"]["base"].update(kind="url"), "kind"),
+        (lambda m: m["adapter"]["base"].update(manifest_sha256="x"), "SHA-256"),
+        (lambda m: m["adapter"].update(targets={}), "targets"),
+    ]:
+        copy = json.loads(json.dumps(manifest))
+        edit(copy)
+        with pytest.raises(ArtifactError, match=message):
+            fmt.validate_manifest(copy)
+
+
+def test_factor_shape_other_than_the_rank_is_refused(exports, tmp_path):
+    def edit(manifest):
+        for target in manifest["adapter"]["targets"].values():
+            target["rank"] = RANK + 1
+    path, base = _edited_copy(exports, tmp_path, edit)
+    with pytest.raises(ArtifactError, match="recorded in the manifest as"):
+        keras_vllm.load_causal_lm(path, base=base)
+
+
+def test_format_1_2_reader_refuses_adapters(exports, monkeypatch):
+    """A 1.2 reader knows neither the mode nor the field: it refuses the
+    artifact on `weights.mode` instead of loading the base alone."""
+    from keras_vllm.format import manifest as manifest_lib
+
+    manifest = fmt.read_manifest(exports["paths"]["support"])
+    monkeypatch.setattr(manifest_lib, "FORMAT_VERSION", (1, 2))
+    monkeypatch.setattr(manifest_lib, "WEIGHT_MODES", ("preset", "delta", "full"))
+    with pytest.raises(ArtifactError, match="'weights.mode' is 'adapter'"):
+        fmt.validate_manifest(manifest)
+
+
+def test_export_refusals(exports, tmp_path):
+    plain = trained_copy("llama")
+    with pytest.raises(ExportError, match="LoRA enabled"):
+        plain.export_vllm(tmp_path / "a", weights="adapter", base=exports["base"])
+    model = exports["models"]["support"]
+    with pytest.raises(ExportError, match="needs the base"):
+        model.export_vllm(tmp_path / "b", weights="adapter")
+    with pytest.raises(ExportError, match="not both"):
+        model.export_vllm(tmp_path / "c", base=exports["base"], preset="x")
+    assert not os.path.exists(tmp_path / "a")
+
+
+def test_changed_variables_are_stored_as_a_delta(exports, tmp_path):
+    model = _adapter_model(TEXTS["support"][:1], steps=1)
+    norm = model.backbone.get_layer("sequence_output_layernorm")
+    norm.scale.assign(norm.scale.numpy() + 0.5)
+    path = model.export_vllm(tmp_path / "delta", base=exports["base"],
+                             golden_prompts=testing.prompts()[:1],
+                             golden_max_new_tokens=4)
+    manifest = fmt.read_manifest(path)
+    assert list(manifest["weights"]["variables"]) == [norm.scale.path]
+    loaded = keras_vllm.load_causal_lm(path)
+    np.testing.assert_array_equal(
+        loaded.backbone.get_layer("sequence_output_layernorm").scale.numpy(),
+        norm.scale.numpy(),
+    )
+    assert keras_loader.check_golden(loaded, path) == []
+
+
+@pytest.mark.serving
+def test_engine_serves_one_adapter(exports):
+    pytest.importorskip("tpu_inference")
+    from helpers import engine_shapes
+    from vllm import SamplingParams
+
+    texts = GOLDEN["golden_prompts"]
+    expected = _golden(exports["paths"]["legal"])
+    # vLLM stops at the artifact's stop ids, as golden.json does.
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
+    with keras_vllm.KerasVllmEngine.from_export(
+        exports["paths"]["legal"], **engine_shapes.ENGINE_KWARGS
+    ) as engine:
+        outputs = engine.generate(texts, params)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == expected
