@@ -6,6 +6,7 @@ vLLM's `CoreEngineProcManager` does. The fork server's preload is emptied
 so the check runs in seconds; engine tests cover the real preload.
 """
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -62,6 +63,12 @@ _PROBE = textwrap.dedent(
 
 
 def test_engine_processes_start_clean_with_the_callers_environment(tmp_path):
+    # Earlier engines of this test process set the method in its
+    # environment; the scripts start from a caller that has not.
+    env = {
+        k: v for k, v in os.environ.items()
+        if k not in ("VLLM_WORKER_MULTIPROC_METHOD", "KERAS_VLLM_ENGINE_START")
+    }
     (tmp_path / "probe.py").write_text(_PROBE)
     script = tmp_path / "unguarded.py"
     script.write_text(_SCRIPT)
@@ -77,7 +84,11 @@ def test_engine_processes_start_clean_with_the_callers_environment(tmp_path):
         "print(envs.WORKER_MULTIPROC_METHOD.raw())\n"
     )
     chosen = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert chosen.stdout.split()[-1:] == ["spawn"], chosen.stderr[-3000:]
 
@@ -88,6 +99,7 @@ def test_engine_processes_start_clean_with_the_callers_environment(tmp_path):
     result = subprocess.run(
         [sys.executable, str(script)],
         cwd=tmp_path,
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
