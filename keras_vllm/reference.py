@@ -52,36 +52,8 @@ def greedy_continuation(causal_lm, token_ids, max_new_tokens, stop_token_ids):
     Returns:
         A list of ints: the generated ids, ending at the first stop token.
     """
-    import keras_hub
-
-    length = len(token_ids) + max_new_tokens
-    padded = np.zeros((1, length), dtype="int32")
-    padded[0, : len(token_ids)] = token_ids
-    mask = np.zeros((1, length), dtype="bool")
-    mask[0, : len(token_ids)] = True
-
-    sampler, function = causal_lm.sampler, causal_lm.generate_function
-    causal_lm.sampler = keras_hub.samplers.GreedySampler()
-    causal_lm.generate_function = None
-    try:
-        generate = causal_lm.make_generate_function()
-        stops = tuple(stop_token_ids) if stop_token_ids else None
-        outputs = generate(
-            {"token_ids": padded, "padding_mask": mask}, stop_token_ids=stops
-        )
-    finally:
-        causal_lm.sampler, causal_lm.generate_function = sampler, function
-
-    out_ids = np.asarray(outputs["token_ids"])[0, len(token_ids) :]
-    out_mask = np.asarray(outputs["padding_mask"])[0, len(token_ids) :]
-    result = []
-    for token, keep in zip(out_ids.tolist(), out_mask.tolist()):
-        if not keep:
-            break
-        result.append(int(token))
-        if stop_token_ids and token in stop_token_ids:
-            break
-    return result
+    # One row of the batched reference: the same compiled call and trim.
+    return greedy_batch(causal_lm, [token_ids], max_new_tokens, stop_token_ids)[0]
 
 
 def greedy_by_forward_pass(
