@@ -174,12 +174,12 @@ def test_engine_serves_delta_on_hf_checkpoint(checkpoint_root, tmp_path):
     )
     assert fmt.read_manifest(out)["weights"]["mode"] == "delta"
     prompts = serving_checks.serving_prompts()[:3]
-    want = [
-        reference.greedy_continuation(
-            causal_lm, reference.prompt_token_ids(causal_lm, text), 16, []
-        )
-        for text in prompts
-    ]
+    want = reference.greedy_batch(
+        causal_lm,
+        [reference.prompt_token_ids(causal_lm, text) for text in prompts],
+        16,
+        [],
+    )
     assert len({tuple(w) for w in want}) > 1, "outputs ignore the prompt"
     engine = keras_vllm.KerasVllmEngine.from_export(
         out, **engine_shapes.ENGINE_KWARGS

@@ -50,9 +50,10 @@ def _auth(key=KEY):
     return {"Authorization": f"Bearer {key}"}
 
 
-def _expected(causal_lm, text):
-    ids = reference.prompt_token_ids(causal_lm, text)
-    return reference.greedy_continuation(causal_lm, ids, NEW_TOKENS, [])
+def _expected(causal_lm, *texts):
+    """Greedy tokens per text, in one compiled call."""
+    ids = [reference.prompt_token_ids(causal_lm, text) for text in texts]
+    return reference.greedy_batch(causal_lm, ids, NEW_TOKENS, [])
 
 
 def _complete(server, prompts):
@@ -87,8 +88,8 @@ def _reload(server, path, *options):
 
 def test_reload_refuses_without_the_key_then_swaps_the_weights(server):
     prompts = testing.prompts()
-    old_tokens = [_expected(server.old, p) for p in prompts]
-    new_tokens = [_expected(server.new, p) for p in prompts]
+    old_tokens = _expected(server.old, *prompts)
+    new_tokens = _expected(server.new, *prompts)
     assert _complete(server, prompts) == old_tokens
     assert _served_hash(server) == fmt.manifest_hash(server.paths.old)
 
@@ -150,7 +151,7 @@ def test_incompatible_export_is_refused_over_http(server):
         server.paths.new
     ) else server.old
     prompt = testing.prompts()[0]
-    assert _complete(server, [prompt]) == [_expected(expected, prompt)]
+    assert _complete(server, [prompt]) == _expected(expected, prompt)
 
 
 def test_without_a_key_only_loopback_clients_may_reload(monkeypatch):

@@ -87,10 +87,12 @@ def test_completions_equal_generate(server, model):
         ignore_eos=True,
         return_token_ids=True,
     )
+    wants = reference.greedy_batch(
+        model, [reference.prompt_token_ids(model, t) for t in prompts], 16, []
+    )
     for choice in choices:
         text = prompts[choice["index"]]
-        ids = reference.prompt_token_ids(model, text)
-        want = reference.greedy_continuation(model, ids, 16, [])
+        want = wants[choice["index"]]
         assert choice["token_ids"] == want
         assert choice["text"] == _text(model, want)
 
@@ -160,10 +162,11 @@ def test_64_concurrent_clients_get_exact_answers(server, model):
     prompts = [
         " ".join(corpus[i % len(corpus)].split()[: 2 + i % 5]) for i in range(64)
     ]
-    expected = {}
-    for text in set(prompts):
-        ids = reference.prompt_token_ids(model, text)
-        expected[text] = reference.greedy_continuation(model, ids, 8, [])
+    texts = sorted(set(prompts))
+    rows = reference.greedy_batch(
+        model, [reference.prompt_token_ids(model, t) for t in texts], 8, []
+    )
+    expected = dict(zip(texts, rows))
 
     def client(text):
         choices = _complete(

@@ -54,16 +54,12 @@ def setup(tmp_path_factory):
 
 
 def _expected(causal_lm):
-    return [
-        serving_checks.expected_tokens(
-            reference.greedy_continuation,
-            causal_lm,
-            reference.prompt_token_ids(causal_lm, text),
-            NEW_TOKENS,
-            [],
-        )
-        for text in testing.prompts()
-    ]
+    return serving_checks.expected_batch(
+        reference.greedy_continuation,
+        causal_lm,
+        [reference.prompt_token_ids(causal_lm, t) for t in testing.prompts()],
+        NEW_TOKENS,
+    )
 
 
 def _params():
