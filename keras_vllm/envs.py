@@ -318,6 +318,23 @@ ENABLE_V1_MULTIPROCESSING = Variable(
     parse=_flag,
 )
 
+COMPILATION_CACHE_DIR = Variable(
+    "JAX_COMPILATION_CACHE_DIR",
+    "a directory",
+    None,
+    "JAX's: where compiled programs are cached; keras-vllm sets vLLM's "
+    "VLLM_XLA_CACHE_PATH in vLLM's processes unless this is set.",
+    "compile_cache.py",
+)
+PERSISTENT_CACHE_MIN_COMPILE_TIME = Variable(
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "seconds",
+    None,
+    "JAX's: programs compiling faster are not cached (JAX's default 1 s); "
+    "keras-vllm sets 0 in vLLM's processes unless this is set.",
+    "compile_cache.py",
+)
+
 TF_ENABLE_ONEDNN_OPTS = Variable(
     "TF_ENABLE_ONEDNN_OPTS",
     "TensorFlow's flag",
@@ -367,6 +384,8 @@ VARIABLES = (
     RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY,
     XLA_FLAGS,
     ENABLE_V1_MULTIPROCESSING,
+    COMPILATION_CACHE_DIR,
+    PERSISTENT_CACHE_MIN_COMPILE_TIME,
     TF_ENABLE_ONEDNN_OPTS,
     TF_CPP_MIN_LOG_LEVEL,
     TF_ENABLED_DEVICE_TYPES,

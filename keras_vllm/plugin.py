@@ -39,6 +39,9 @@ def register():
     serve_refusals.refuse_unservable_directory()
     logs.drop_gloo_connected_lines()
     envs.KERAS_BACKEND.setdefault(envs.KERAS_BACKEND.default)
+    from keras_vllm import compile_cache
+
+    compile_cache.cache_every_program()
     _keras_variables_reach_ray_workers()
     from keras_vllm.cpu import detect
 

@@ -1,0 +1,118 @@
+"""Cold vs warm engine starts on vLLM's persistent compile cache.
+
+```
+python bench/warm_start.py [--family qwen] [--model bench|tiny]
+```
+
+Exports one model, then starts an engine on it in a fresh process four
+times, each timed from process start to the first generated token, with the
+product's warm-up (every token and request bucket precompiled):
+
+- `cold` / `warm`: an empty cache directory, then the same one again
+  (keras-vllm's setting: every program is cached);
+- `cold, jax default` / `warm, jax default`: the same with JAX's own 1 s
+  compile-time threshold (`JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=1`),
+  i.e. what tpu-inference alone gives.
+
+Prints a table: seconds to first token, warm / cold, and the cache's entries.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _worker(path):
+    t_spawn = float(os.environ["KERAS_VLLM_BENCH_SPAWN"])
+    import keras_vllm
+    from vllm import SamplingParams
+
+    t_import = time.time()
+    engine = keras_vllm.KerasVllmEngine.from_export(
+        path, max_num_seqs=32, verbose=False
+    )
+    t_ready = time.time()
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    engine.generate([{"prompt_token_ids": [1, 2, 3, 4]}], params, use_tqdm=False)
+    t_first = time.time()
+    engine.shutdown()
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "first_token_s": t_first - t_spawn,
+                "engine_start_s": t_ready - t_import,
+            }
+        )
+    )
+
+
+def _start(path, cache, threshold):
+    env = dict(os.environ, VLLM_XLA_CACHE_PATH=cache)
+    env["KERAS_VLLM_BENCH_SPAWN"] = repr(time.time())
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    env.pop("SKIP_JAX_PRECOMPILE", None)
+    if threshold is None:
+        env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
+    else:
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(threshold)
+    result = subprocess.run(
+        [sys.executable, __file__, "--worker", path],
+        env=env, capture_output=True, text=True, timeout=1800,
+    )
+    lines = [l for l in result.stdout.splitlines() if l.startswith("RESULT ")]
+    if result.returncode or not lines:
+        raise RuntimeError(result.stderr[-3000:])
+    out = json.loads(lines[-1][len("RESULT "):])
+    out["entries"] = len(os.listdir(cache)) if os.path.isdir(cache) else 0
+    return out
+
+
+def _model(args):
+    from keras_vllm import testing
+
+    if args.model == "tiny":
+        return testing.build_tiny_causal_lm(args.family)
+    import run
+
+    overrides = {k: v for k, v in run.MODEL.items() if k != "family"}
+    return testing.build_tiny_causal_lm(run.MODEL["family"], **overrides)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", default="qwen")
+    parser.add_argument("--model", choices=("bench", "tiny"), default="bench")
+    parser.add_argument("--worker")
+    args = parser.parse_args()
+    if args.worker:
+        return _worker(args.worker)
+
+    root = tempfile.mkdtemp()
+    path = os.path.join(root, "artifact")
+    _model(args).export_vllm(path, max_sequence_length=512, golden_prompts=[])
+    rows = []
+    for label, threshold in (("", None), (", jax default", 1)):
+        cache = os.path.join(root, "cache" + str(threshold))
+        cold = _start(path, cache, threshold)
+        warm = _start(path, cache, threshold)
+        rows.append(("cold" + label, cold, cold))
+        rows.append(("warm" + label, warm, cold))
+    print(f"\n{args.model} model ({args.family}), product warm-up, this host")
+    print("| start | to first token (s) | engine start (s) | vs cold | cache entries |")
+    print("|---|---|---|---|---|")
+    for label, row, cold in rows:
+        print(
+            f"| {label} | {row['first_token_s']:.1f} | "
+            f"{row['engine_start_s']:.1f} | "
+            f"{row['first_token_s'] / cold['first_token_s']:.2f} | "
+            f"{row['entries']} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
