@@ -27,7 +27,7 @@ def configure_environment():
 
     if is_cpu_host():
         envs.JAX_PLATFORMS.setdefault("cpu")
-    if not envs.verbose():
+    if not envs.VERBOSE.get():
         quiet_tensorflow()
 
 

@@ -168,7 +168,7 @@ def _serve(args):
     args.public_key = (
         _take_option(args.vllm_args, "--public-key")
         or args.public_key
-        or envs.public_key()
+        or envs.PUBLIC_KEY.get()
     )
     if args.public_key is not None:
         # Checked here before the manifest is read, and by `vllm serve`'s

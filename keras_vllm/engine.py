@@ -86,7 +86,7 @@ def serving_defaults(path, manifest, overrides):
 def _resolve_preset(preset):
     from keras_vllm import presets
 
-    preset = preset if preset is not None else envs.preset()
+    preset = preset if preset is not None else envs.PRESET.get()
     return None if preset is None else presets.resolve_handle(preset)
 
 
@@ -194,7 +194,7 @@ class KerasVllmEngine:
                 preset = _resolve_preset(preset)
                 keras_loader.preflight(path, manifest, preset)
             engine_process.choose()
-            loud = verbose is True or envs.verbose()
+            loud = verbose is True or envs.VERBOSE.get()
             if public_key is not None:
                 public_key = os.path.abspath(os.fspath(public_key))
             with logs.serving_logs(loud), _for_engine(

@@ -14,7 +14,7 @@ Example:
 ```python
 from keras_vllm import envs
 
-if envs.verbose():
+if envs.VERBOSE.get():
     ...
 envs.DEVICE.name  # "KERAS_VLLM_DEVICE"
 ```
@@ -359,82 +359,17 @@ TF_ENABLED_DEVICE_TYPES = Variable(
     "_env.py",
 )
 
-VARIABLES = (
-    DEVICE,
-    CPU_MEMORY_GB,
-    CPU_ASYNC_SCHEDULING,
-    VERBOSE,
-    PROGRESS,
-    ENGINE_PROGRESS,
-    MAX_PARAMETERS,
-    PRESET,
-    PUBLIC_KEY,
-    ENGINE_START,
-    VERIFIED_ARTIFACT,
-    JAX_PLATFORMS,
-    TPU_USING_PATHWAYS,
-    TPU_ACCELERATOR_TYPE,
-    CI,
-    TERM,
-    KERAS_BACKEND,
-    KERAS_NNX_ENABLED,
-    WORKER_MULTIPROC_METHOD,
-    LOGGING_LEVEL,
-    TRANSFORMERS_VERBOSITY,
-    RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY,
-    XLA_FLAGS,
-    ENABLE_V1_MULTIPROCESSING,
-    COMPILATION_CACHE_DIR,
-    PERSISTENT_CACHE_MIN_COMPILE_TIME,
-    TF_ENABLE_ONEDNN_OPTS,
-    TF_CPP_MIN_LOG_LEVEL,
-    TF_ENABLED_DEVICE_TYPES,
-)
+# Every variable above, in declaration order.
+VARIABLES = tuple(v for v in list(globals().values()) if isinstance(v, Variable))
 
 
-def device():
-    """`"cpu"` or `"tpu"` when `KERAS_VLLM_DEVICE` forces one, else None."""
-    return DEVICE.get()
 
 
-def cpu_memory_gb():
-    """The fake HBM budget of the CPU host, in GiB (default 4)."""
-    return CPU_MEMORY_GB.get()
 
 
-def cpu_async_scheduling():
-    """False when `KERAS_VLLM_CPU_ASYNC_SCHEDULING` turns it off on CPU."""
-    return CPU_ASYNC_SCHEDULING.get()
 
 
-def verbose():
-    """Whether `KERAS_VLLM_VERBOSE` asks for every log line."""
-    return VERBOSE.get()
 
-
-def progress():
-    """`KERAS_VLLM_PROGRESS`: `"auto"` (default), `"lines"`, True or False."""
-    return PROGRESS.get()
-
-
-def engine_progress():
-    """`"lines"` when vLLM's engine process prints its phases, else None."""
-    return ENGINE_PROGRESS.get()
-
-
-def preset():
-    """The preset override for the serving model, or None."""
-    return PRESET.get()
-
-
-def public_key():
-    """The public key every artifact read must be signed by, or None."""
-    return PUBLIC_KEY.get()
-
-
-def max_parameters():
-    """The largest backbone loaded without asking, in parameters."""
-    return MAX_PARAMETERS.get()
 
 
 def jax_platforms():

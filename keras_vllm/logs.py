@@ -103,7 +103,7 @@ def install_false_alarm_filters():
     Safe to call often and before the noisy modules are imported (their
     loggers are the same objects `logging.getLogger` returns now).
     """
-    if envs.verbose():
+    if envs.VERBOSE.get():
         return
     for name, patterns in FALSE_ALARMS.items():
         target = logging.getLogger(name)
@@ -113,7 +113,7 @@ def install_false_alarm_filters():
 
 def quiet_environment():
     """The environment changes for quiet serving ({} when verbose)."""
-    if envs.verbose():
+    if envs.VERBOSE.get():
         return {}
     return {
         key: value
@@ -148,7 +148,7 @@ def serving_logs(verbose):
     vllm_logger = logging.getLogger("vllm")
     level = vllm_logger.level
     if verbose is True:
-        changes = {} if envs.verbose() else {VERBOSE_ENV: "1"}
+        changes = {} if envs.VERBOSE.get() else {VERBOSE_ENV: "1"}
         os.environ.update(changes)
     else:
         changes = apply_quiet_environment()
@@ -163,7 +163,7 @@ def show_info_when_verbose():
     """With `KERAS_VLLM_VERBOSE=1`, prints keras-vllm's INFO lines (phases,
     what is served) in processes where nobody configured logging, such as
     vLLM's engine processes."""
-    if not envs.verbose():
+    if not envs.VERBOSE.get():
         return
     target = logging.getLogger("keras_vllm")
     if target.handlers or logging.getLogger().handlers:
@@ -221,7 +221,7 @@ def drop_gloo_connected_lines():
     (`vllm.utils.system_utils.suppress_stdout`, pinned 0.32.0), but keeping
     every other line. Safe to call more than once.
     """
-    if envs.verbose():
+    if envs.VERBOSE.get():
         return
     import torch.distributed as dist
 

@@ -74,7 +74,7 @@ def resolve(verbose="auto", stream=None):
     if verbose in ("auto", None):
         verbose = _verbose.get()
     if verbose in ("auto", None):
-        verbose = envs.progress()
+        verbose = envs.PROGRESS.get()
     verbose = _parse(verbose)
     if verbose is False:
         return "log"

@@ -113,7 +113,7 @@ async def _reload(request):
     served = await _served(request)
     client = request.app.state.engine_client
     path = os.path.abspath(path)
-    preset, public_key = envs.preset(), envs.public_key()
+    preset, public_key = envs.PRESET.get(), envs.PUBLIC_KEY.get()
     async with served.lock:
         try:
             manifest, digest = await asyncio.to_thread(

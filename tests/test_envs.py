@@ -20,13 +20,13 @@ def _unset(monkeypatch):
 
 def test_defaults_when_unset_or_empty(monkeypatch):
     defaults = {
-        envs.device: None,
-        envs.cpu_memory_gb: 4.0,
-        envs.cpu_async_scheduling: True,
-        envs.verbose: False,
-        envs.progress: "auto",
-        envs.engine_progress: None,
-        envs.max_parameters: 1 << 34,
+        envs.DEVICE.get: None,
+        envs.CPU_MEMORY_GB.get: 4.0,
+        envs.CPU_ASYNC_SCHEDULING.get: True,
+        envs.VERBOSE.get: False,
+        envs.PROGRESS.get: "auto",
+        envs.ENGINE_PROGRESS.get: None,
+        envs.MAX_PARAMETERS.get: 1 << 34,
     }
     assert {read: read() for read in defaults} == defaults
     for variable in _OWN:
@@ -43,15 +43,15 @@ def test_values_are_read_at_call_time(monkeypatch):
     monkeypatch.setenv(envs.PROGRESS.name, "0")
     monkeypatch.setenv(envs.ENGINE_PROGRESS.name, "lines")
     monkeypatch.setenv(envs.MAX_PARAMETERS.name, "1e10")
-    assert envs.device() == "tpu"
-    assert envs.cpu_memory_gb() == 0.5
-    assert envs.cpu_async_scheduling() is False
-    assert envs.verbose() is True
-    assert envs.progress() is False
-    assert envs.engine_progress() == "lines"
-    assert envs.max_parameters() == 10**10
+    assert envs.DEVICE.get() == "tpu"
+    assert envs.CPU_MEMORY_GB.get() == 0.5
+    assert envs.CPU_ASYNC_SCHEDULING.get() is False
+    assert envs.VERBOSE.get() is True
+    assert envs.PROGRESS.get() is False
+    assert envs.ENGINE_PROGRESS.get() == "lines"
+    assert envs.MAX_PARAMETERS.get() == 10**10
     monkeypatch.setenv(envs.PROGRESS.name, "Lines")
-    assert envs.progress() == "lines"
+    assert envs.PROGRESS.get() == "lines"
 
 
 @pytest.mark.parametrize(

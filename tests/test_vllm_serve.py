@@ -91,7 +91,6 @@ def test_completions_equal_generate(server, model):
         model, [reference.prompt_token_ids(model, t) for t in prompts], 16, []
     )
     for choice in choices:
-        text = prompts[choice["index"]]
         want = wants[choice["index"]]
         assert choice["token_ids"] == want
         assert choice["text"] == _text(model, want)

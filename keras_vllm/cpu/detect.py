@@ -58,7 +58,7 @@ def is_cpu_host():
         ValueError: `KERAS_VLLM_DEVICE` is set to something other than
             `cpu`, `tpu` or empty (see `keras_vllm/envs.py`).
     """
-    forced = envs.device()
+    forced = envs.DEVICE.get()
     if forced is not None:
         return forced == _CPU
 

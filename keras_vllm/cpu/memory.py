@@ -19,7 +19,7 @@ def _memory_budget_bytes():
     # share one host's memory, so the host's budget is split over them (a
     # TP=4 engine must not allocate four times a TP=1 engine's cache).
     import jax
-    return int(envs.cpu_memory_gb() * _GIB) // max(1, len(jax.devices()))
+    return int(envs.CPU_MEMORY_GB.get() * _GIB) // max(1, len(jax.devices()))
 
 
 def _live_bytes_per_device(devices):

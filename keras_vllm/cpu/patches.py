@@ -126,7 +126,7 @@ def disable_async_scheduling_if_cpu(vllm_config):
     scheduler_config = getattr(vllm_config, "scheduler_config", None)
     if scheduler_config is None or not detect.is_cpu_host():
         return
-    if envs.cpu_async_scheduling():
+    if envs.CPU_ASYNC_SCHEDULING.get():
         return
     if scheduler_config.async_scheduling:
         scheduler_config.async_scheduling = False

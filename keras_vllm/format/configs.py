@@ -155,7 +155,7 @@ def check_class_name(section, role):
 def max_parameters():
     """The parameter-count limit (`KERAS_VLLM_MAX_PARAMETERS` raises it)."""
     try:
-        return envs.max_parameters()
+        return envs.MAX_PARAMETERS.get()
     except ValueError as e:
         raise ArtifactError(str(e)) from None
 

@@ -50,7 +50,7 @@ MAX_CONFIG_INT = 1 << 22
 MAX_CONFIG_DEPTH = 16
 MAX_CONFIG_STRING = 100_000
 MAX_CONFIG_LIST = 10_000
-# The largest backbone loaded without asking is `envs.max_parameters()`
+# The largest backbone loaded without asking is `envs.MAX_PARAMETERS.get()`
 # (estimated from its config, so a hostile config cannot make the loader
 # allocate unbounded memory); this names the variable in messages.
 MAX_PARAMETERS_ENV = "KERAS_VLLM_MAX_PARAMETERS"

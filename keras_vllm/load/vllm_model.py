@@ -51,14 +51,14 @@ class KerasVllmForCausalLM(nnx.Module):
         # Never live lines from vLLM's engine process: other processes
         # share its terminal. `keras-vllm serve` asks for one line per
         # phase; otherwise phases only log at INFO.
-        lines = envs.engine_progress() == "lines"
+        lines = envs.ENGINE_PROGRESS.get() == "lines"
         with progress.verbosity("lines" if lines else False):
             manifest = open_verified(self.artifact_path, verbose="auto").manifest
             backbone = build_backbone(
                 self.artifact_path,
                 manifest,
                 dtype=self.dtype_name,
-                preset=envs.preset(),
+                preset=envs.PRESET.get(),
                 # An adapter is served merged into the base's kernels: the
                 # paged layers call the plain projections.
                 merge_lora=True,

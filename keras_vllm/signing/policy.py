@@ -14,7 +14,7 @@ def public_key_for(public_key=None):
     """`(key, who_requires_it)`: the caller's key, else the environment's."""
     if public_key is not None:
         return public_key, "public_key="
-    key = envs.public_key()
+    key = envs.PUBLIC_KEY.get()
     return key, (envs.PUBLIC_KEY.name if key is not None else None)
 
 

@@ -7,7 +7,6 @@ and compares it with `CausalLM.generate()` and with the full forward pass.
 
 import weakref
 
-import numpy as np
 import pytest
 
 from helpers import engine_shapes
