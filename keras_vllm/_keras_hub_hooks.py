@@ -89,3 +89,24 @@ def install():
         _install_now()
     elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterImport())
+
+
+def without_serving_stack():
+    """Keeps vLLM and tpu-inference out of this process (a command that
+    never serves: `keras-vllm export`, `inspect`, `verify` without
+    `--engine`).
+
+    keras-hub 0.32 imports vLLM at `import keras_hub` wherever vLLM is
+    installed (for its own `keras_hub.vllm.KerasHubLLM`), and vLLM loads
+    tpu-inference through its plugins: about 20 s of a 28 s import on a
+    2-core host, for nothing in these commands. They then run as they do
+    in an export-only install (no vLLM), which they must support anyway;
+    keras-hub defines its stub serving class, which is not used here.
+    Does nothing once vLLM is imported.
+    """
+    for name in ("vllm", "tpu_inference"):
+        # A None entry makes `import name` raise ImportError (Python's
+        # documented way to block an import), which keras-hub's optional
+        # import expects.
+        sys.modules.setdefault(name, None)
+

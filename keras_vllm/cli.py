@@ -388,6 +388,12 @@ def main(argv=None):
         # read their settings when imported).
         logs.apply_quiet_environment()
 
+    if args.command in ("export", "inspect") or (
+        args.command == "verify" and not args.engine
+    ):
+        from keras_vllm import _keras_hub_hooks
+
+        _keras_hub_hooks.without_serving_stack()
     from keras_vllm import progress
 
     try:

@@ -432,7 +432,11 @@ EXPORT_ONLY = textwrap.dedent(
     }
     for name, path in json.loads(cases).items():
         results[name] = run("verify", path, "--public-key", pub)
-    blocked = [m for m in sys.modules if m.split(".")[0] in BLOCKED]
+    # (A None entry blocks an import: `keras-vllm export` sets them.)
+    blocked = [
+        m for m, module in sys.modules.items()
+        if module is not None and m.split(".")[0] in BLOCKED
+    ]
     print("RESULTS " + json.dumps({"results": results, "blocked": blocked}))
     """
 )
