@@ -55,7 +55,7 @@ def summary(path, manifest):
         f"stop tokens     {manifest['stop_token_ids']}",
         f"max length      {manifest['max_sequence_length']}",
         f"servable        {'yes' if manifest.get('servable', True) else 'no'}",
-        f"written by      "
+        "written by      "
         + ", ".join(f"{k} {v}" for k, v in sorted(manifest["written_by"].items())),
         "signature       "
         + (
