@@ -112,7 +112,7 @@ def test_export_refuses_existing_path(exported, preset):
 
 
 def test_serve_command_uses_artifact_defaults(exported):
-    from keras_vllm.cli import serve_command
+    from keras_vllm.cli_serve import serve_command
 
     command = serve_command(exported, ["--port", "8123"])
     assert command[1:3] == ["serve", os.path.abspath(exported)]
@@ -161,10 +161,10 @@ def test_relative_preset_export_verifies_anywhere_and_preset_overrides(
     ],
 )
 def test_serve_takes_preset_before_or_after_the_artifact(argv):
-    from keras_vllm.cli import _take_option
+    from keras_vllm.cli_serve import take_option
     from keras_vllm.cli import build_parser
 
     args, _ = build_parser().parse_known_args(argv)
-    preset = _take_option(args.vllm_args, "--preset") or args.preset
+    preset = take_option(args.vllm_args, "--preset") or args.preset
     assert preset == "/models/p"
     assert args.vllm_args == ["--port", "1"]

@@ -649,7 +649,7 @@ def test_serve_hands_the_policy_to_vllm_serve(artifacts, keys, monkeypatch):
              "--public-key", keys["ours"][1]]
         )
         with pytest.raises(SystemExit):
-            cli._serve(args)  # not main(): it configures logging
+            args.func(args)  # not main(): it configures logging
     finally:
         os.environ.clear()
         os.environ.update(saved)
