@@ -15,6 +15,7 @@ from keras_vllm import progress
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
+from keras_vllm.load import rebuild
 from keras_vllm.load.opening import open_verified
 
 
@@ -77,18 +78,22 @@ def open_base(path, manifest, base=None, verify=True):
 
 
 def _base_backbone(path, manifest, dtype, preset, base):
-    from keras_vllm.load import keras_loader
-
     directory, base_manifest = open_base(path, manifest, base)
     if directory is not None:
-        return keras_loader.build_backbone(
+        if is_adapter(base_manifest):
+            raise ArtifactError(
+                f"The base '{directory}' of the adapter '{path}' is itself an "
+                "adapter; an adapter applies to a model artifact. Export the "
+                "base model with weights='full' (or against its preset)."
+            )
+        return rebuild.build_model_backbone(
             directory, base_manifest, dtype=dtype, preset=preset
         )
-    # A preset base: the preset branch of `build_backbone`, with none of the
+    # A preset base: the preset branch of `build_model_backbone`, with none of the
     # adapter's own weights.
     as_preset = dict(manifest, weights=dict(manifest["weights"], mode="preset",
                                             variables={}))
-    return keras_loader.build_backbone(
+    return rebuild.build_model_backbone(
         path, as_preset, dtype=dtype, preset=preset
     )
 
@@ -144,12 +149,11 @@ def build_adapter_backbone(path, manifest, dtype=None, preset=None,
     Returns:
         A `keras_hub.models.Backbone`.
     """
-    from keras_vllm.load import keras_loader
 
     dtype = dtype or manifest["dtype"]
     backbone = _base_backbone(path, manifest, dtype, preset, base)
     layers = _target_layers(backbone, manifest)
-    variables, specs = keras_loader.matched_specs(backbone, manifest, dtype)
+    variables, specs = rebuild.matched_specs(backbone, manifest, dtype)
     factor_specs = fmt.adapter.factor_specs(manifest)
     with progress.phase("restoring the adapter", total=manifest["weights"][
             "bytes"], unit="bytes") as phase:
@@ -159,7 +163,7 @@ def build_adapter_backbone(path, manifest, dtype=None, preset=None,
         )
         phase.advance(manifest["weights"]["bytes"])
     factors = {p: restored[p] for p in factor_specs}
-    for variable, value in keras_loader.cast_values(variables, restored):
+    for variable, value in rebuild.cast_values(variables, restored):
         variable.assign(value)
     targets = manifest["adapter"]["targets"]
     if merge:

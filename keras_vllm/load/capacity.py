@@ -11,6 +11,7 @@ import numpy as np
 from keras_vllm import weights as weight_io
 from keras_vllm.load import keras_loader
 from keras_vllm.load import quantized
+from keras_vllm.load import rebuild
 from keras_vllm.load import sharding
 from keras_vllm.load import tensor_parallel
 
@@ -27,7 +28,7 @@ def abstract_backbone(manifest):
         manifest["backbone"]["config"],
         dtype=quantized.policy_map(manifest, dtype) or dtype,
     )
-    return nnx.eval_shape(lambda: keras_loader._construct(cls, config, "backbone"))
+    return nnx.eval_shape(lambda: rebuild.construct(cls, config, "backbone"))
 
 
 def _itemsize(dtype):

@@ -5,53 +5,18 @@ import os
 import numpy as np
 
 from keras_vllm import format as fmt
-from keras_vllm import classes
 from keras_vllm import presets
 from keras_vllm import progress
 from keras_vllm import reference
-from keras_vllm import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.load.class_checks import check_config_keys
 from keras_vllm.load.class_checks import resolve_classes
 from keras_vllm.load import adapter
-from keras_vllm.load import quantized
+from keras_vllm.load import rebuild
 from keras_vllm.load.opening import open_verified
-
-
-def _config(manifest, role):
-    section = manifest[role]
-    config = dict(section["config"])
-    fmt.configs.check_config_values(config, f"{role}.config")
-    return classes.resolve(section["registered_name"], role), config
-
-
-def _safe_mode():
-    """Keras' safe mode for deserialization (no lambdas; keras-hub
-    tokenizers refuse asset paths from a config). Keras exposes it only as
-    a `safe_mode=` argument of its loaders, not as a public scope."""
-    from keras.src.saving.serialization_lib import SafeModeScope
-
-    return SafeModeScope(True)
-
-
-def _construct(cls, config, role):
-    """`cls.from_config(config)` in Keras' safe mode, with any failure as
-    an `ArtifactError`."""
-    try:
-        with _safe_mode():
-            return cls.from_config(config)
-    except Exception as e:  # Keras and keras-hub raise many types
-        raise ArtifactError(
-            f"The artifact's {role} config does not build a {cls.__name__} "
-            f"({type(e).__name__}: {str(e)[:300]}). The manifest was altered "
-            "or written by another keras-hub; re-export the model."
-        ) from None
-
-
-def _same_config(a, b):
-    strip = lambda c: {k: v for k, v in c.items() if k not in ("dtype", "name")}
-    return strip(a) == strip(b)
+from keras_vllm.load.rebuild import role_config
+from keras_vllm.load.rebuild import construct
 
 
 def build_backbone(path, manifest, dtype=None, preset=None, base=None,
@@ -72,146 +37,12 @@ def build_backbone(path, manifest, dtype=None, preset=None, base=None,
     Returns:
         A `keras_hub.models.Backbone`.
     """
-    import keras_hub
-
     if adapter.is_adapter(manifest):
         return adapter.build_adapter_backbone(
             path, manifest, dtype=dtype, preset=preset, base=base,
             merge=merge_lora,
         )
-
-    cls, config = _config(manifest, "backbone")
-    dtype = dtype or manifest["dtype"]
-    weights = manifest["weights"]
-    mode = weights["mode"]
-    policies = quantized.policy_map(manifest, dtype)
-    preset_backbone = None
-    if mode == "full":
-        with progress.phase(f"building {cls.__name__}"):
-            backbone = _construct(
-                cls, {**config, "dtype": policies or dtype}, "backbone"
-            )
-    else:
-        handle = preset or manifest["preset"]["handle"]
-        with progress.phase(f"loading preset '{handle}'"):
-            presets.check_preset(
-                handle, manifest["preset"]["files"], manifest["backbone"]
-            )
-            backbone = keras_hub.models.Backbone.from_preset(
-                handle, dtype=dtype
-            )
-        if type(backbone) is not cls or not _same_config(
-            backbone.get_config(), config
-        ):
-            raise IntegrityError(
-                f"The preset '{handle}' holds a different backbone than the "
-                "one this artifact was exported from."
-            )
-        if policies is not None:
-            # The preset is float; its values fill the unquantized layers.
-            preset_backbone = backbone
-            with progress.phase(f"building quantized {cls.__name__}"):
-                backbone = _construct(
-                    cls, {**config, "dtype": policies}, "backbone"
-                )
-    if policies is not None:
-        quantized.check_rebuilt(backbone, manifest)
-        quantized.match_inputs_quantizers(backbone)
-    values = stored_values(backbone, path, manifest, dtype)
-    for variable, value in values:
-        variable.assign(value)
-    if preset_backbone is not None:
-        quantized.fill_from_preset(
-            backbone, manifest, preset_backbone, {id(v) for v, _ in values}
-        )
-    if policies is not None:
-        quantized.mark_calibrated(backbone)
-    return backbone
-
-
-def stored_values(backbone, path, manifest, dtype=None):
-    """The artifact's stored weights, matched to `backbone`'s variables.
-
-    Args:
-        backbone: a backbone of the artifact's architecture (built from
-            its config, or one already serving).
-        path: the artifact directory (already verified).
-        manifest: its validated manifest.
-        dtype: the dtype the values are cast to; defaults to the exported
-            one.
-
-    Returns:
-        `[(variable, value)]` for every stored variable (all of them in a
-        full export), values in the variables' dtypes.
-
-    Raises:
-        ArtifactError: when an entry does not match its variable.
-    """
-    dtype = dtype or manifest["dtype"]
-    weights = manifest["weights"]
-    mode = weights["mode"]
-    variables, specs = matched_specs(backbone, manifest, dtype)
-    if specs:
-        directory = fmt.safe_join(path, fmt.WEIGHTS_DIR)
-        with progress.phase(
-            f"restoring {mode} weights", total=weights["bytes"], unit="bytes"
-        ) as phase:
-            restored = weight_io.restore_weights(directory, specs)
-            values = cast_values(variables, restored)
-            phase.advance(sum(v.nbytes for _, v in values))
-            return values
-    return []
-
-
-def cast_values(variables, restored):
-    """`[(variable, value)]` for the restored `{path: array}` of matched
-    `variables`, cast only when the caller asked for another dtype."""
-    values = []
-    for var_path, variable in variables.items():
-        value = restored[var_path]
-        if str(value.dtype) != variable.dtype:
-            value = value.astype(variable.dtype)
-        values.append((variable, value))
-    return values
-
-
-def matched_specs(backbone, manifest, dtype):
-    """`({path: variable}, {path: (shape, dtype)})` of the stored variables,
-    each checked against the backbone's variable at its position."""
-    weights = manifest["weights"]
-    mode = weights["mode"]
-    ordered = weight_io.ordered_variables(backbone)
-    matcher = weight_io.VariableMatcher(backbone, ordered)
-    variables = {}
-    specs = {}
-    for var_path, spec in weights["variables"].items():
-        # Matched by position (paths of auto-named layers differ between
-        # processes); the path must agree up to that auto-numbering.
-        target = matcher.match(var_path, spec["index"])
-        variables[var_path] = target
-        if tuple(target.shape) != tuple(spec["shape"]):
-            raise ArtifactError(
-                f"Variable '{var_path}' has shape {tuple(spec['shape'])} in "
-                f"the artifact but {tuple(target.shape)} in the backbone."
-            )
-        if dtype == manifest["dtype"] and spec["dtype"] != target.dtype:
-            # Built in the exported dtype, every stored variable has its
-            # variable's dtype; a differing record is refused, not cast.
-            raise ArtifactError(
-                f"Variable '{var_path}' is recorded as {spec['dtype']} but "
-                f"the backbone built in {manifest['dtype']} holds it as "
-                f"{target.dtype}. The manifest was altered; re-export the "
-                "model."
-            )
-        specs[var_path] = (tuple(spec["shape"]), spec["dtype"])
-    if mode == "full" and len(specs) != len(ordered):
-        stored = {id(v) for v in variables.values()}
-        missing = [v.path for v in ordered if id(v) not in stored]
-        raise ArtifactError(
-            f"The artifact is a full export but lacks variable "
-            f"'{(missing or ['?'])[0]}'."
-        )
-    return variables, specs
+    return rebuild.build_model_backbone(path, manifest, dtype, preset)
 
 
 def load_tokenizer(path, manifest=None):
@@ -223,7 +54,7 @@ def load_tokenizer(path, manifest=None):
     if manifest is None:
         manifest = open_verified(path).manifest
     section = manifest["tokenizer"]
-    cls, config = _config(manifest, "tokenizer")
+    cls, config = role_config(manifest, "tokenizer")
     assets = fmt.safe_join(path, fmt.TOKENIZER_ASSETS_DIR)
     names = section.get("assets")
     if not isinstance(names, list) or sorted(os.listdir(assets)) != sorted(
@@ -234,7 +65,7 @@ def load_tokenizer(path, manifest=None):
         )
     fmt.references.check_asset_fields(config, "tokenizer.config")
     check_config_keys(cls, config, "tokenizer")
-    tokenizer = _construct(cls, config, "tokenizer")
+    tokenizer = construct(cls, config, "tokenizer")
     try:
         # Outside safe mode: keras-hub's `load_assets` passes the assets'
         # own (confined, verified) paths, which safe mode refuses.
@@ -364,12 +195,12 @@ def _load_causal_lm(path, dtype, preset, verify, public_key, base=None):
     # The tokenizer first: it is cheap, and its probes catch swapped assets
     # before any weight is allocated.
     tokenizer = load_tokenizer(path, manifest)
-    pp_cls, pp_config = _config(manifest, "preprocessor")
-    preprocessor = _construct(
+    pp_cls, pp_config = role_config(manifest, "preprocessor")
+    preprocessor = construct(
         pp_cls, {**pp_config, "tokenizer": tokenizer}, "preprocessor"
     )
-    sampler_cls, sampler_config = _config(manifest, "sampler")
-    sampler = _construct(sampler_cls, sampler_config, "sampler")
+    sampler_cls, sampler_config = role_config(manifest, "sampler")
+    sampler = construct(sampler_cls, sampler_config, "sampler")
     backbone = build_backbone(
         path, manifest, dtype=dtype, preset=preset, base=base
     )

@@ -63,6 +63,7 @@ def artifact_values(path, served, dtype, preset=None, public_key=None,
         order.
     """
     from keras_vllm.load import keras_loader
+    from keras_vllm.load import rebuild
     from keras_vllm.load.opening import open_verified
 
     with progress.verbosity(False):
@@ -79,7 +80,7 @@ def artifact_values(path, served, dtype, preset=None, public_key=None,
             # Every position claimed, each checked against its variable.
             restored = {
                 id(variable): value
-                for variable, value in keras_loader.stored_values(
+                for variable, value in rebuild.stored_values(
                     served, path, manifest, dtype
                 )
             }
