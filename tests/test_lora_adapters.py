@@ -20,6 +20,7 @@ from keras_vllm.errors import ExportError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.testing.models import NUM_LAYERS
 from keras_vllm.load import keras_loader
+from keras_vllm.load import rebuild
 
 from helpers.trained_models import trained
 from helpers.trained_models import trained_copy
@@ -139,7 +140,7 @@ def test_wrong_base_is_refused_before_building(exports, monkeypatch, tmp_path):
     def no_build(*args, **kwargs):
         raise AssertionError("built a backbone before refusing")
 
-    monkeypatch.setattr(keras_loader, "_construct", no_build)
+    monkeypatch.setattr(rebuild, "construct", no_build)
     with pytest.raises(IntegrityError, match="not the artifact the adapter"):
         keras_vllm.load_causal_lm(
             exports["paths"]["support"], base=exports["full"]
@@ -172,7 +173,7 @@ def test_target_the_base_lacks_is_refused(exports, monkeypatch, tmp_path):
         target["kernel_index"] = 0  # the token embedding
     path, base = _edited_copy(exports, tmp_path, edit)
     monkeypatch.setattr(
-        keras_loader, "_construct",
+        rebuild, "construct",
         lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")),
     )
     with pytest.raises(ArtifactError, match="the base lacks that kernel"):

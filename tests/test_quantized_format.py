@@ -20,7 +20,7 @@ from keras_vllm import testing
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import UnsupportedModelError
-from keras_vllm.load import keras_loader
+from keras_vllm.load import rebuild
 
 PROMPTS = testing.prompts()[:2]
 
@@ -229,8 +229,8 @@ def test_hostile_quantization_fields_are_refused_early(
     def reached(*args, **kwargs):
         raise AssertionError(f"a hostile artifact reached {stage}")
 
-    stage = "restore_weights" if case == "scale_shape" else "_construct"
-    owner = weight_io if case == "scale_shape" else keras_loader
+    stage = "restore_weights" if case == "scale_shape" else "construct"
+    owner = weight_io if case == "scale_shape" else rebuild
     monkeypatch.setattr(owner, stage, reached)
     with pytest.raises(ArtifactError, match=message):
         keras_vllm.load_causal_lm(path)

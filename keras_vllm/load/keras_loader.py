@@ -16,7 +16,6 @@ from keras_vllm.load import adapter
 from keras_vllm.load import rebuild
 from keras_vllm.load.opening import open_verified
 from keras_vllm.load.rebuild import role_config
-from keras_vllm.load.rebuild import construct
 
 
 def build_backbone(path, manifest, dtype=None, preset=None, base=None,
@@ -65,7 +64,7 @@ def load_tokenizer(path, manifest=None):
         )
     fmt.references.check_asset_fields(config, "tokenizer.config")
     check_config_keys(cls, config, "tokenizer")
-    tokenizer = construct(cls, config, "tokenizer")
+    tokenizer = rebuild.construct(cls, config, "tokenizer")
     try:
         # Outside safe mode: keras-hub's `load_assets` passes the assets'
         # own (confined, verified) paths, which safe mode refuses.
@@ -196,11 +195,11 @@ def _load_causal_lm(path, dtype, preset, verify, public_key, base=None):
     # before any weight is allocated.
     tokenizer = load_tokenizer(path, manifest)
     pp_cls, pp_config = role_config(manifest, "preprocessor")
-    preprocessor = construct(
+    preprocessor = rebuild.construct(
         pp_cls, {**pp_config, "tokenizer": tokenizer}, "preprocessor"
     )
     sampler_cls, sampler_config = role_config(manifest, "sampler")
-    sampler = construct(sampler_cls, sampler_config, "sampler")
+    sampler = rebuild.construct(sampler_cls, sampler_config, "sampler")
     backbone = build_backbone(
         path, manifest, dtype=dtype, preset=preset, base=base
     )
