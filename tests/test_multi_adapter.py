@@ -1,0 +1,168 @@
+"""Many LoRA adapters served at once by one engine over their base.
+
+For two mechanisms (Llama: rotary GQA with 3-D EinsumDense query/value
+kernels; GPT-2: Keras MultiHeadAttention), one tiny base exported full and
+two adapters of it trained on other sentences (so their greedy outputs
+differ). One engine per base serves both adapters and the base mixed in
+one `generate` call; every request's greedy tokens must equal its own
+Keras model's (`reference.greedy_batch`, float32). The GPT-2 engine has a
+single adapter slot (`max_loras=1`), so its two adapters take turns
+(vLLM's scheduler queues one). Refusals run before vLLM starts.
+"""
+
+import pytest
+
+import keras_vllm
+from keras_vllm import engine_process
+from keras_vllm import format as fmt
+from keras_vllm import reference
+from keras_vllm import testing
+from keras_vllm.errors import ArtifactError
+from keras_vllm.errors import IntegrityError
+from keras_vllm.errors import ServingError
+
+from helpers.trained_models import trained
+from helpers.trained_models import trained_copy
+
+RANK = 2
+NEW_TOKENS = 8
+ONE_GOLDEN = {"golden_prompts": testing.prompts()[:1],
+              "golden_max_new_tokens": NEW_TOKENS}
+TEXTS = {
+    "support": ["alpha beta gamma alpha beta gamma alpha beta gamma."] * 4,
+    "legal": ["water is wet water is wet water is wet water is wet."] * 4,
+}
+PROMPTS = testing.prompts()[:3]
+# Each prompt under each adapter and the base, interleaved in one call.
+ADAPTERS = ["support", None, "legal"] * 2 + ["legal", "support", None]
+FAMILIES = ("llama", "gpt2")
+
+
+def _adapter_model(family, texts):
+    model = trained_copy(family)
+    model.backbone.enable_lora(RANK)
+    testing.fine_tune(model, steps=8, texts=texts, learning_rate=5e-2)
+    return model
+
+
+def _export_family(root, family):
+    base = trained(family).export_vllm(
+        root / f"{family}_base", weights="full", **ONE_GOLDEN
+    )
+    models = {None: trained(family)}
+    paths = {}
+    for name, texts in TEXTS.items():
+        models[name] = _adapter_model(family, texts)
+        paths[name] = models[name].export_vllm(
+            root / f"{family}_{name}", base=base, **ONE_GOLDEN
+        )
+    stop = fmt.read_manifest(base)["stop_token_ids"]
+    ids = [reference.prompt_token_ids(models[None], p) for p in PROMPTS]
+    # One compiled batch per model: every prompt's greedy continuation.
+    expected = {
+        name: reference.greedy_batch(model, ids, NEW_TOKENS, stop)
+        for name, model in models.items()
+    }
+    return {"base": base, "paths": paths, "ids": ids, "expected": expected}
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multi")
+    return {family: _export_family(root, family) for family in FAMILIES}
+
+
+def _no_engine(monkeypatch):
+    def refuse():
+        raise AssertionError("vLLM was about to start")
+
+    monkeypatch.setattr(engine_process, "choose", refuse)
+
+
+def test_adapters_differ(exports):
+    for family in FAMILIES:
+        expected = exports[family]["expected"]
+        assert expected["support"] != expected["legal"], family
+        assert expected[None] not in (expected["support"], expected["legal"])
+
+
+def test_adapter_of_another_base_is_refused(exports, monkeypatch):
+    _no_engine(monkeypatch)
+    with pytest.raises(IntegrityError, match="another base"):
+        keras_vllm.KerasVllmEngine.from_export(
+            exports["llama"]["base"],
+            adapters={"support": exports["gpt2"]["paths"]["support"]},
+        )
+
+
+def test_adapter_as_base_is_refused(exports, monkeypatch):
+    _no_engine(monkeypatch)
+    with pytest.raises(ServingError, match="serve adapters over their base"):
+        keras_vllm.KerasVllmEngine.from_export(
+            exports["llama"]["paths"]["support"], max_loras=1
+        )
+
+
+def test_rank_above_max_lora_rank_is_refused(exports, monkeypatch):
+    _no_engine(monkeypatch)
+    with pytest.raises(ServingError, match="rank 2 .* max_lora_rank=1"):
+        keras_vllm.KerasVllmEngine.from_export(
+            exports["llama"]["base"],
+            adapters={"support": exports["llama"]["paths"]["support"]},
+            max_lora_rank=1,
+        )
+
+
+def test_unknown_target_is_refused(exports, monkeypatch, tmp_path):
+    """An adapter of the key projection: not a LoRA target of the base."""
+    model = trained_copy("llama")
+    model.backbone.enable_lora(RANK, target_layer_names=["key"])
+    testing.fine_tune(model, steps=1, texts=TEXTS["legal"])
+    path = model.export_vllm(
+        tmp_path / "key_adapter", base=exports["llama"]["base"], **ONE_GOLDEN
+    )
+    _no_engine(monkeypatch)
+    with pytest.raises(ArtifactError, match="targets '.*/key'.*only on"):
+        keras_vllm.KerasVllmEngine.from_export(
+            exports["llama"]["base"], adapters={"key": path}
+        )
+
+
+def _serve_and_compare(family_exports, **engine_kwargs):
+    from helpers import engine_shapes
+    from vllm import SamplingParams
+
+    ids = family_exports["ids"]
+    prompts = [{"prompt_token_ids": ids[i % len(ids)]}
+               for i in range(len(ADAPTERS))]
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
+    with keras_vllm.KerasVllmEngine.from_export(
+        family_exports["base"], adapters=family_exports["paths"],
+        **engine_shapes.ENGINE_KWARGS, **engine_kwargs,
+    ) as engine:
+        outputs = engine.generate(prompts, params, adapter=ADAPTERS,
+                                  use_tqdm=False)
+        # One adapter for every prompt of a call.
+        alone = engine.generate(prompts[:3], params, adapter="legal",
+                                use_tqdm=False)
+    served = [list(o.outputs[0].token_ids) for o in outputs]
+    expected = [
+        family_exports["expected"][name][i % len(ids)]
+        for i, name in enumerate(ADAPTERS)
+    ]
+    assert served == expected
+    assert [list(o.outputs[0].token_ids) for o in alone] == (
+        family_exports["expected"]["legal"]
+    )
+
+
+@pytest.mark.serving
+def test_llama_adapters_and_base_in_one_call(exports):
+    pytest.importorskip("tpu_inference")
+    _serve_and_compare(exports["llama"], max_loras=2)
+
+
+@pytest.mark.serving
+def test_gpt2_two_adapters_queue_on_one_slot(exports):
+    pytest.importorskip("tpu_inference")
+    _serve_and_compare(exports["gpt2"], max_loras=1)
