@@ -28,7 +28,7 @@ def _lora_merged_kernels(backbone):
 # model variable of the artifact.
 _LORA_VARIABLES = (
     "lora_kernel_a", "lora_kernel_b",
-    "lora_slots_a", "lora_slots_b", "lora_slots_scale",
+    "lora_slots_a", "lora_slots_b", "lora_slots_scale", "lora_slots_bias",
 )
 
 

@@ -9,7 +9,10 @@ own factor layout (`EinsumDense.enable_lora` / `Dense.enable_lora`):
 * `lora_slots_a`: `[slots] + kernel.shape[:-1] + [max_rank]` (one A per
   head of a 3-D attention kernel, as Keras keeps it),
 * `lora_slots_b`: `[slots, max_rank, kernel.shape[-1]]`,
-* `lora_slots_scale`: `[slots]`, each adapter's `alpha / rank`.
+* `lora_slots_scale`: `[slots]`, each adapter's `alpha / rank`,
+* `lora_slots_bias` (layers with a bias): `[slots] + bias.shape`, each
+  adapter's change of the bias (Keras' `enable_lora` leaves a bias
+  trainable, so fine-tuning a GPT-2 query moves it).
 
 An adapter of rank `r < max_rank` fills the first `r` columns of A and
 rows of B and leaves zeros, which add nothing: padding the rank is exact.
@@ -37,7 +40,9 @@ from keras_vllm.layers.context import current_context
 
 # Variable names of the slots (excluded from the artifact's variable order,
 # like Keras' own `lora_kernel_a` / `lora_kernel_b`).
-SLOT_VARIABLES = ("lora_slots_a", "lora_slots_b", "lora_slots_scale")
+SLOT_VARIABLES = (
+    "lora_slots_a", "lora_slots_b", "lora_slots_scale", "lora_slots_bias",
+)
 
 _SLOTTED_CLASSES = {}
 
@@ -113,7 +118,16 @@ def slot_update(layer, inputs, slots):
     middle = projected.ndim - 3
     weights = weights.reshape((weights.shape[0],) + (1,) * middle + (count, 1))
     chosen = jnp.sum(projected * weights, axis=-2)
-    return jnp.einsum("t...r,tro->t...o", chosen, jnp.take(b, slots, axis=0))
+    update = jnp.einsum("t...r,tro->t...o", chosen, jnp.take(b, slots, axis=0))
+    bias = getattr(layer, "lora_slots_bias", None)
+    if bias is not None:
+        # Each token's bias change, broadcast as Keras adds the bias.
+        per_token = jnp.take(bias.value, slots, axis=0)
+        filler = (1,) * (update.ndim - per_token.ndim)
+        update = update + per_token.reshape(
+            per_token.shape[:1] + filler + per_token.shape[1:]
+        )
+    return update
 
 
 def _slotted_class(cls):
@@ -152,11 +166,14 @@ def install_slots(layer, max_loras, max_rank, dtype):
     try:
         # Not trainable and outside the artifact's variable order: serving
         # state only.
-        for name, slot_shape in (
+        slots = [
             ("lora_slots_a", (count,) + shape[:-1] + (max_rank,)),
             ("lora_slots_b", (count, max_rank, shape[-1])),
             ("lora_slots_scale", (count,)),
-        ):
+        ]
+        if getattr(layer, "bias", None) is not None:
+            slots.append(("lora_slots_bias", (count,) + tuple(layer.bias.shape)))
+        for name, slot_shape in slots:
             setattr(layer, name, layer.add_weight(
                 name=name, shape=slot_shape, initializer="zeros",
                 dtype=dtype, trainable=False,

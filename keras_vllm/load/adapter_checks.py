@@ -92,12 +92,19 @@ def check_adapter(path, manifest, base_path, base_manifest, max_rank,
             "Serve it over an export of that preset."
         )
     fmt.adapter.check_targets(manifest, base_manifest, base_path)
-    if manifest["weights"]["variables"]:
+    targets = manifest["adapter"]["targets"]
+    # A target's bias (Keras' `enable_lora` leaves it trainable) is served
+    # per request with the factors; any other changed variable is not.
+    others = sorted(
+        v for v in manifest["weights"]["variables"]
+        if not v.endswith("/bias") or v.rsplit("/", 1)[0] not in targets
+    )
+    if others:
         raise ServingError(
-            f"The adapter '{path}' also changes "
-            f"{len(manifest['weights']['variables'])} variables besides its "
-            "LoRA factors ('weights.variables'), which cannot be applied per "
-            "request. Serve it alone: `KerasVllmEngine.from_export(path)`."
+            f"The adapter '{path}' also changes {len(others)} variables "
+            f"besides its LoRA factors and their layers' biases (e.g. "
+            f"'{others[0]}' in 'weights.variables'), which cannot be applied "
+            "per request. Serve it alone: `KerasVllmEngine.from_export(path)`."
         )
     names = target_names(base_manifest) if names is None else names
     for layer, target in sorted(manifest["adapter"]["targets"].items()):

@@ -50,7 +50,7 @@ class _Adapter:
 
     def __init__(self, request, factors=None):
         self.request = request
-        self.factors = factors  # [(layer, a, b, scale)]
+        self.factors = factors  # [(layer, a, b, scale, bias change or None)]
 
 
 class KerasLoraManager:
@@ -194,7 +194,9 @@ class KerasLoraManager:
         by_layer = {id(layer): rest for layer, *rest in factors}
         for layer in lora_slots.slotted_layers(self.model.backbone):
             # Layers the adapter does not target get zeros in its slot.
-            a, b, scale = by_layer.get(id(layer), (None, None, 0.0))
+            a, b, scale, bias = by_layer.get(
+                id(layer), (None, None, 0.0, None)
+            )
             padded_a = np.zeros(layer.lora_slots_a.shape[1:], _slot_dtype(layer))
             padded_b = np.zeros(layer.lora_slots_b.shape[1:], _slot_dtype(layer))
             if a is not None:
@@ -204,6 +206,8 @@ class KerasLoraManager:
             put(layer.lora_slots_a, padded_a)
             put(layer.lora_slots_b, padded_b)
             put(layer.lora_slots_scale, scale)
+            if hasattr(layer, "lora_slots_bias"):
+                put(layer.lora_slots_bias, 0.0 if bias is None else bias)
 
     def _on_mesh(self, slots):
         import jax
@@ -218,6 +222,7 @@ class KerasLoraManager:
     # -- reading an adapter artifact ----------------------------------------
     def _read(self, request):
         from keras_vllm.load import adapter
+        from keras_vllm.load import rebuild
 
         path = request.lora_path
         manifest = adapter_checks.open_adapter(path)
@@ -228,11 +233,23 @@ class KerasLoraManager:
             self.max_rank, names,
         )
         targets = adapter.target_layers(model.backbone, manifest)
-        specs = fmt.adapter.factor_specs(manifest)
-        restored = weight_io.restore_weights(
-            fmt.safe_join(path, fmt.WEIGHTS_DIR), specs
-        )
         dtype = jnp.dtype(model.dtype_name)
+        # The changed variables (the targets' biases, `check_adapter`) and
+        # the factors: one restore of the whole tree (orbax refuses a part).
+        variables, specs = rebuild.matched_specs(
+            model.backbone, manifest, model.dtype_name
+        )
+        factor_specs = fmt.adapter.factor_specs(manifest)
+        restored = weight_io.restore_weights(
+            fmt.safe_join(path, fmt.WEIGHTS_DIR), {**specs, **factor_specs}
+        )
+        bias_deltas = {}
+        for var_path, variable in variables.items():
+            # The change against the served base, applied per token.
+            base = np.asarray(variable.value, np.float32)
+            bias_deltas[var_path.rsplit("/", 1)[0]] = (
+                restored[var_path].astype(np.float32) - base
+            ).astype(dtype)
         factors = []
         for layer_path, (layer, _) in sorted(targets.items()):
             if not getattr(layer, "_has_lora_slots", False):
@@ -242,10 +259,17 @@ class KerasLoraManager:
                 )
             target = manifest["adapter"]["targets"][layer_path]
             a_path, b_path = fmt.adapter.factor_paths(layer_path)
+            bias = bias_deltas.get(layer_path)
+            if bias is not None and not hasattr(layer, "lora_slots_bias"):
+                raise ServingError(
+                    f"The adapter '{path}' changes the bias of '{layer_path}', "
+                    "which has no bias in the served base."
+                )
             factors.append((
                 layer,
                 restored[a_path].astype(dtype),
                 restored[b_path].astype(dtype),
                 target["alpha"] / target["rank"],
+                bias,
             ))
         return factors
