@@ -128,7 +128,7 @@ def test_unknown_target_is_refused(exports, monkeypatch, tmp_path):
         )
 
 
-def _serve_and_compare(family_exports, **engine_kwargs):
+def _serve_and_compare(family_exports, runtime=False, **engine_kwargs):
     from helpers import engine_shapes
     from vllm import SamplingParams
 
@@ -145,6 +145,18 @@ def _serve_and_compare(family_exports, **engine_kwargs):
         # One adapter for every prompt of a call.
         alone = engine.generate(prompts[:3], params, adapter="legal",
                                 use_tqdm=False)
+        if runtime:
+            # Added while serving (another name and id, the same factors):
+            # written into a slot when a step first uses it.
+            engine.add_adapter("support_v2", family_exports["paths"]["support"])
+            added = engine.generate(prompts[:3], params, adapter="support_v2",
+                                    use_tqdm=False)
+            engine.remove_adapter("legal")
+            with pytest.raises(ServingError, match="No adapter named 'legal'"):
+                engine.generate(prompts[:1], params, adapter="legal")
+            assert [list(o.outputs[0].token_ids) for o in added] == (
+                family_exports["expected"]["support"]
+            )
     served = [list(o.outputs[0].token_ids) for o in outputs]
     expected = [
         family_exports["expected"][name][i % len(ids)]
@@ -159,7 +171,7 @@ def _serve_and_compare(family_exports, **engine_kwargs):
 @pytest.mark.serving
 def test_llama_adapters_and_base_in_one_call(exports):
     pytest.importorskip("tpu_inference")
-    _serve_and_compare(exports["llama"], max_loras=2)
+    _serve_and_compare(exports["llama"], runtime=True, max_loras=2)
 
 
 @pytest.mark.serving
