@@ -4,13 +4,21 @@ For two mechanisms (Llama: rotary GQA with 3-D EinsumDense query/value
 kernels; GPT-2: Keras MultiHeadAttention), one tiny base exported full and
 two adapters of it trained on other sentences (so their greedy outputs
 differ). One engine per base serves both adapters and the base mixed in
-one `generate` call; every request's greedy tokens must equal its own
-Keras model's (`reference.greedy_batch`, float32). The GPT-2 engine has a
-single adapter slot (`max_loras=1`), so its two adapters take turns
-(vLLM's scheduler queues one). Refusals run before vLLM starts.
+one batch; every request's greedy tokens must equal its own Keras model's
+(`reference.greedy_batch`, float32). Llama: `KerasVllmEngine`, one
+`generate` call, then an adapter added and one removed at run time. GPT-2:
+`vllm serve --enable-lora --lora-modules` over HTTP with a single adapter
+slot (`--max-loras 1`), so its two adapters take turns (vLLM's scheduler
+queues one), and a third loaded by `/v1/load_lora_adapter`. Refusals run
+before vLLM starts.
 """
 
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
+import requests
 
 import keras_vllm
 from keras_vllm import engine_process
@@ -174,7 +182,53 @@ def test_llama_adapters_and_base_in_one_call(exports):
     _serve_and_compare(exports["llama"], runtime=True, max_loras=2)
 
 
+def _complete(url, model, ids):
+    response = requests.post(url + "/v1/completions", json={
+        "model": model, "prompt": ids, "max_tokens": NEW_TOKENS,
+        "temperature": 0.0, "return_token_ids": True,
+    }, timeout=300)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["token_ids"]
+
+
 @pytest.mark.serving
-def test_gpt2_two_adapters_queue_on_one_slot(exports):
+def test_gpt2_over_http_two_adapters_on_one_slot(exports, tmp_path,
+                                                 monkeypatch):
+    """`vllm serve BASE --enable-lora --lora-modules ...`: the `model` field
+    picks the adapter; with one slot (`--max-loras 1`) concurrent requests
+    for two adapters and the base take turns, each answered exactly; a third
+    adapter loads at run time (`/v1/load_lora_adapter`)."""
     pytest.importorskip("tpu_inference")
-    _serve_and_compare(exports["gpt2"], max_loras=1)
+    from helpers import engine_shapes
+    from helpers.http_server import running_server
+
+    family = exports["gpt2"]
+    base, ids = family["base"], family["ids"]
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
+    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
+    command = [
+        vllm, "serve", base, "--enable-lora", "--max-loras", "1",
+        "--max-lora-rank", "8", "--lora-modules",
+        *[f"{name}={path}" for name, path in family["paths"].items()],
+        *engine_shapes.SERVE_ARGS,
+    ]
+    with running_server(command, tmp_path / "server.log", timeout=400) as url:
+        listed = {m["id"] for m in requests.get(url + "/v1/models").json()["data"]}
+        assert {"support", "legal", base} <= listed
+        jobs = [(name or base, ids[i % len(ids)])
+                for i, name in enumerate(ADAPTERS)]
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            served = list(pool.map(lambda job: _complete(url, *job), jobs))
+        assert served == [
+            family["expected"][name][i % len(ids)]
+            for i, name in enumerate(ADAPTERS)
+        ]
+        response = requests.post(url + "/v1/load_lora_adapter", json={
+            "lora_name": "support_v2", "lora_path": family["paths"]["support"],
+        }, timeout=120)
+        assert response.status_code == 200, response.text
+        listed = {m["id"] for m in requests.get(url + "/v1/models").json()["data"]}
+        assert "support_v2" in listed
+        assert _complete(url, "support_v2", ids[0]) == (
+            family["expected"]["support"][0]
+        )
