@@ -37,6 +37,14 @@ def target_names(base_manifest):
         return _DEFAULT_TARGETS
 
 
+def _tokenizer_files(manifest):
+    return {
+        name: record.get("sha256")
+        for name, record in manifest["files"].items()
+        if name.startswith(fmt.TOKENIZER_DIR + "/")
+    }
+
+
 def open_adapter(path, public_key=None):
     """Opens and verifies an adapter artifact; returns its manifest."""
     with progress.verbosity(False):
@@ -92,6 +100,15 @@ def check_adapter(path, manifest, base_path, base_manifest, max_rank,
             "Serve it over an export of that preset."
         )
     fmt.adapter.check_targets(manifest, base_manifest, base_path)
+    if _tokenizer_files(manifest) != _tokenizer_files(base_manifest) or (
+        manifest["tokenizer"] != base_manifest["tokenizer"]
+    ):
+        raise ServingError(
+            f"The adapter '{path}' has another tokenizer than the served base "
+            f"'{base_path}' ('tokenizer' and its files differ); requests are "
+            "tokenized by the base's. Serve it alone: "
+            "`KerasVllmEngine.from_export(path)`."
+        )
     targets = manifest["adapter"]["targets"]
     # A target's bias (Keras' `enable_lora` leaves it trainable) is served
     # per request with the factors; any other changed variable is not.

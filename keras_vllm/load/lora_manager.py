@@ -83,8 +83,9 @@ class KerasLoraManager:
         if lora_id in self._adapters:
             self._adapters.move_to_end(lora_id)
             return False
+        factors = self._read(lora_request)  # refused before anything is evicted
         self._make_room()
-        self._adapters[lora_id] = _Adapter(lora_request, self._read(lora_request))
+        self._adapters[lora_id] = _Adapter(lora_request, factors)
         logger.info("keras-vllm: loaded LoRA adapter '%s' (id %d) from %s",
                     lora_request.lora_name, lora_id, lora_request.lora_path)
         return True
@@ -113,15 +114,19 @@ class KerasLoraManager:
 
     def set_active_adapters(self, requests, mapping):
         """Puts the step's adapters in slots and maps its tokens to them."""
-        for request in requests:
-            if request.lora_int_id not in self._adapters:
-                self.add_adapter(request)
         needed = {i for i in mapping.index_mapping if i > 0}
         if len(needed) > self.max_loras:
             raise ServingError(
                 f"A step uses {len(needed)} LoRA adapters, more than "
                 f"max_loras={self.max_loras} slots."
             )
+        for request in requests:
+            # An adapter evicted from host memory is read again by path.
+            if request.lora_int_id in needed - set(self._adapters):
+                self._make_room(keep=needed)
+                self._adapters[request.lora_int_id] = _Adapter(
+                    request, self._read(request)
+                )
         wrote = False
         for lora_id in sorted(needed):
             if lora_id not in self._adapters:
@@ -151,10 +156,13 @@ class KerasLoraManager:
         return rank
 
     # -- slots -------------------------------------------------------------
-    def _make_room(self):
+    def _make_room(self, keep=()):
+        """Evicts least recently used adapters (not pinned, not in `keep`)
+        until one more fits in host memory."""
         while len(self._adapters) >= self.capacity:
             victim = next(
-                (i for i in self._adapters if i not in self._pinned), None
+                (i for i in self._adapters
+                 if i not in self._pinned and i not in keep), None
             )
             if victim is None:
                 raise ServingError(
