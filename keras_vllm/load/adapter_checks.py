@@ -37,12 +37,17 @@ def target_names(base_manifest):
         return _DEFAULT_TARGETS
 
 
-def _tokenizer_files(manifest):
-    return {
+def _tokenizer(manifest):
+    """What tokenizes requests: the tokenizer's class, config (but its
+    layer name, which Keras numbers per process) and asset files."""
+    tokenizer = manifest["tokenizer"]
+    config = {k: v for k, v in tokenizer["config"].items() if k != "name"}
+    assets = {
         name: record.get("sha256")
         for name, record in manifest["files"].items()
-        if name.startswith(fmt.TOKENIZER_DIR + "/")
+        if name.startswith(fmt.TOKENIZER_DIR + "/assets/")
     }
+    return tokenizer.get("class_name"), config, assets
 
 
 def open_adapter(path, public_key=None):
@@ -100,9 +105,7 @@ def check_adapter(path, manifest, base_path, base_manifest, max_rank,
             "Serve it over an export of that preset."
         )
     fmt.adapter.check_targets(manifest, base_manifest, base_path)
-    if _tokenizer_files(manifest) != _tokenizer_files(base_manifest) or (
-        manifest["tokenizer"] != base_manifest["tokenizer"]
-    ):
+    if _tokenizer(manifest) != _tokenizer(base_manifest):
         raise ServingError(
             f"The adapter '{path}' has another tokenizer than the served base "
             f"'{base_path}' ('tokenizer' and its files differ); requests are "
