@@ -30,6 +30,7 @@ from keras_vllm.errors import IntegrityError
 from keras_vllm.errors import ServingError
 
 from helpers.trained_models import trained
+from helpers.trained_models import lora_fine_tune
 from helpers.trained_models import trained_copy
 
 RANK = 2
@@ -46,13 +47,6 @@ ADAPTERS = ["support", None, "legal"] * 2 + ["legal", "support", None]
 FAMILIES = ("llama", "gpt2")
 
 
-def _adapter_model(family, texts):
-    model = trained_copy(family)
-    model.backbone.enable_lora(RANK)
-    testing.fine_tune(model, steps=8, texts=texts, learning_rate=5e-2)
-    return model
-
-
 def _export_family(root, family):
     base = trained(family).export_vllm(
         root / f"{family}_base", weights="full", **ONE_GOLDEN
@@ -60,7 +54,8 @@ def _export_family(root, family):
     models = {None: trained(family)}
     paths = {}
     for name, texts in TEXTS.items():
-        models[name] = _adapter_model(family, texts)
+        # Shared with test_lora_adapters.py (one fine-tune per session).
+        models[name] = lora_fine_tune(family, texts, rank=RANK)
         paths[name] = models[name].export_vllm(
             root / f"{family}_{name}", base=base, **ONE_GOLDEN
         )
