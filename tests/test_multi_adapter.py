@@ -131,6 +131,19 @@ def test_unknown_target_is_refused(exports, monkeypatch, tmp_path):
         )
 
 
+def test_base_update_is_refused_while_serving_adapters(tmp_path):
+    import threading
+    import types
+
+    from keras_vllm import engine_updates
+
+    engine = types.SimpleNamespace(
+        _lock=threading.RLock(), _check_running=lambda: None, adapters=object()
+    )
+    with pytest.raises(ServingError, match="serves LoRA adapters"):
+        engine_updates.update_weights(engine, tmp_path)
+
+
 def _serve_and_compare(family_exports, runtime=False, **engine_kwargs):
     from helpers import engine_shapes
     from vllm import SamplingParams
