@@ -23,8 +23,10 @@ The update is `scale * (x . A) @ B` with the layer's own equation for
 `x . A` (A has the kernel's layout with the rank as its output axis), so
 it is `x . (scale * A @ B)`, Keras' delta, without forming a kernel per
 token. All slots' `x . A` are computed at once (`rank * slots` columns, a
-small fraction of the kernel's) and each token keeps its own slot's with a
-one-hot mask: plain JAX ops, the same on CPU and TPU.
+small fraction of the kernel's), a one-hot mask keeps each token's own
+slot, and one contraction over slots and rank with the stacked B gives the
+update (tpu-inference's `bgmv_jax` one-hot form): plain JAX ops, the same
+on CPU and TPU.
 
 This is generic: any `Dense` or `EinsumDense` whose kernel's last axis is
 the output's last axis (every KerasHub query/value projection) can be
@@ -117,8 +119,9 @@ def slot_update(layer, inputs, slots):
     )
     middle = projected.ndim - 3
     weights = weights.reshape((weights.shape[0],) + (1,) * middle + (count, 1))
-    chosen = jnp.sum(projected * weights, axis=-2)
-    update = jnp.einsum("t...r,tro->t...o", chosen, jnp.take(b, slots, axis=0))
+    # Contracting slots and rank with B at once never gathers a `[T, r,
+    # out]` B per token (large for long prefills).
+    update = jnp.einsum("t...sr,sro->t...o", projected * weights, b)
     bias = getattr(layer, "lora_slots_bias", None)
     if bias is not None:
         # Each token's bias change, broadcast as Keras adds the bias.
