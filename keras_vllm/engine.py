@@ -5,6 +5,7 @@ import logging
 import os
 import threading
 
+from keras_vllm import engine_adapters
 from keras_vllm import engine_process
 from keras_vllm import engine_updates
 from keras_vllm import envs
@@ -124,8 +125,11 @@ class KerasVllmEngine:
     ```
     """
 
-    def __init__(self, llm, path, manifest, preset=None, public_key=None):
+    def __init__(self, llm, path, manifest, preset=None, public_key=None,
+                 adapters=None):
         self.llm = llm
+        # `engine_adapters.AdapterSet` of a multi-adapter engine, else None.
+        self.adapters = adapters
         self.path = path
         self.manifest = manifest
         # The served manifest's SHA-256 (None after a live-model update).
@@ -138,6 +142,7 @@ class KerasVllmEngine:
 
     @classmethod
     def from_export(cls, path, verbose="auto", preset=None, public_key=None,
+                    adapters=None, max_loras=None, max_lora_rank=None,
                     **engine_kwargs):
         """Starts a vLLM engine on a keras-vllm artifact.
 
@@ -166,6 +171,13 @@ class KerasVllmEngine:
                 by (`model.sig`); checked before anything else of it is read,
                 here and in vLLM's engine process. Defaults to
                 `KERAS_VLLM_PUBLIC_KEY`; unset, no signature is needed.
+            adapters: `{name: adapter artifact}` of LoRA adapters of this
+                base, served per request (`generate(..., adapter=name)`);
+                each is checked here, before vLLM starts.
+            max_loras: distinct adapters one step can serve (vLLM queues
+                requests of more); defaults to the number of `adapters`.
+            max_lora_rank: the largest adapter rank (one of vLLM's ranks);
+                defaults to the smallest that fits `adapters`.
             **engine_kwargs: passed to `vllm.LLM`.
 
         Returns:
@@ -191,6 +203,11 @@ class KerasVllmEngine:
             with progress.phase("checking the artifact"):
                 opened.validate()
                 kwargs = serving_defaults(path, manifest, engine_kwargs)
+                served, lora_kwargs = engine_adapters.lora_engine_kwargs(
+                    path, manifest, adapters, max_loras, max_lora_rank,
+                    engine_kwargs,
+                )
+                kwargs.update(lora_kwargs)
                 preset = _resolve_preset(preset)
                 keras_loader.preflight(path, manifest, preset)
             engine_process.choose()
@@ -212,7 +229,8 @@ class KerasVllmEngine:
                 plugin.register()
                 with engine_process.skips_main():
                     llm = vllm.LLM(**kwargs)
-        return cls(llm, path, manifest, preset=preset, public_key=public_key)
+        return cls(llm, path, manifest, preset=preset, public_key=public_key,
+                   adapters=served)
 
     def shutdown(self):
         """Stops the vLLM engine and frees its KV cache and processes.
@@ -328,14 +346,33 @@ class KerasVllmEngine:
                 "`KerasVllmEngine.from_export(path)`."
             )
 
-    def generate(self, prompts, sampling_params=None, **kwargs):
+    def add_adapter(self, name, path):
+        """Serves another LoRA adapter of the base, without a recompile.
+
+        Example: `engine.add_adapter("medical", "exports/medical")`.
+        """
+        engine_adapters.add_adapter(self, name, path)
+
+    def remove_adapter(self, name):
+        """Stops serving the adapter `name` (its slot is freed)."""
+        engine_adapters.remove_adapter(self, name)
+
+    def generate(self, prompts, sampling_params=None, adapter=None, **kwargs):
         """Generates completions; see `vllm.LLM.generate`.
+
+        Example (a multi-adapter engine):
+
+        ```python
+        engine.generate(["Hi", "Hi"], params, adapter=["support", None])
+        ```
 
         Args:
             prompts: a string, a list of strings, or vLLM prompt dicts
                 (e.g. `{"prompt_token_ids": [...]}`).
             sampling_params: `vllm.SamplingParams`; defaults to the exported
                 model's own sampler.
+            adapter: an adapter name for every prompt, or one name (None:
+                the base) per prompt; None serves the base.
 
         Returns:
             A list of vLLM `RequestOutput`.
@@ -344,5 +381,9 @@ class KerasVllmEngine:
             self._check_running()
             if sampling_params is None:
                 sampling_params = self.llm.get_default_sampling_params()
+            if adapter is not None:
+                served = engine_adapters.adapter_set(self)
+                count = 1 if isinstance(prompts, (str, dict)) else len(prompts)
+                kwargs["lora_request"] = served.lora_requests(adapter, count)
             return self.llm.generate(prompts, sampling_params, **kwargs)
 

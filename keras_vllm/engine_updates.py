@@ -206,6 +206,14 @@ def update_weights(engine, source):
     start = time.perf_counter()
     with engine._lock:
         engine._check_running()
+        if getattr(engine, "adapters", None) is not None:
+            # Its adapters were checked against, and fine-tuned from, the
+            # served base.
+            raise ServingError(
+                "This engine serves LoRA adapters of its base, so its base "
+                "weights are not replaced. Start a new engine on the new base "
+                "with adapters exported against it."
+            )
         llm = engine.llm
         if isinstance(source, (str, os.PathLike)):
             path = os.path.abspath(os.fspath(source))

@@ -64,6 +64,11 @@ FALSE_ALARMS = {
         r"Chat template rejected the request: The keras-vllm artifact "
         r".* has no chat template",
     ),
+    # Every LoRA request warns once that per-adapter tokenizers are
+    # deprecated; a keras-vllm adapter is served with its base's tokenizer.
+    "vllm.v1.engine.input_processor": (
+        r"deprecated support for supporting different tokenizers",
+    ),
     # keras-vllm writes `temperature` for greedy samplers on purpose: vLLM
     # reads it as the default (0 = greedy); transformers only warns.
     "transformers.generation.configuration_utils": (

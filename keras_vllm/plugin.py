@@ -64,6 +64,10 @@ def register():
     from keras_vllm.load.vllm_model import KerasVllmForCausalLM
 
     register_model(fmt.ARCHITECTURE, KerasVllmForCausalLM)
+    from keras_vllm.load import lora_runner
+
+    # Multi-adapter serving (`--enable-lora`) of our model on the runner.
+    lora_runner.install()
     _default_tokenizer_mode_for_artifacts()
     _serve_stored_dtype()
     _no_system_first_probe_without_template()

@@ -23,8 +23,17 @@ def _lora_merged_kernels(backbone):
     return merged
 
 
+# Keras' LoRA factors, and the adapter slots a multi-adapter engine adds
+# to its served projections (`keras_vllm.layers.lora_slots`): neither is a
+# model variable of the artifact.
+_LORA_VARIABLES = (
+    "lora_kernel_a", "lora_kernel_b",
+    "lora_slots_a", "lora_slots_b", "lora_slots_scale", "lora_slots_bias",
+)
+
+
 def _is_lora_factor(variable):
-    return variable.path.rsplit("/", 1)[-1] in ("lora_kernel_a", "lora_kernel_b")
+    return variable.path.rsplit("/", 1)[-1] in _LORA_VARIABLES
 
 
 def ordered_variables(backbone):

@@ -23,6 +23,7 @@ from keras_vllm.load import keras_loader
 from keras_vllm.load import rebuild
 
 from helpers.trained_models import trained
+from helpers.trained_models import lora_fine_tune
 from helpers.trained_models import trained_copy
 
 RANK = 2
@@ -48,6 +49,9 @@ def _bytes(path):
 
 
 def _adapter_model(texts, steps=8):
+    if steps == 8:
+        # The fine-tune test_multi_adapter.py serves too (shared).
+        return lora_fine_tune("llama", texts, rank=RANK)
     model = trained_copy("llama")
     model.backbone.enable_lora(RANK)
     testing.fine_tune(model, steps=steps, texts=texts, learning_rate=5e-2)

@@ -22,10 +22,15 @@ class ServingContext:
         attention_metadata: tpu-inference's `AttentionMetadata`.
         positions: int32 array `[T]`, each token's position in its sequence.
         mesh: the device mesh the model runs on.
+        lora_slots: int32 array `[T]`, each token's LoRA adapter slot (0:
+            none), or None when no adapters are served
+            (`keras_vllm.layers.lora_slots`).
     """
 
-    def __init__(self, kv_caches, attention_metadata, positions, mesh=None):
+    def __init__(self, kv_caches, attention_metadata, positions, mesh=None,
+                 lora_slots=None):
         self.kv_caches = list(kv_caches)
+        self.lora_slots = lora_slots
         self.attention_metadata = attention_metadata
         self.positions = positions
         self.mesh = mesh

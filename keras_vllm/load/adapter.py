@@ -98,7 +98,7 @@ def _base_backbone(path, manifest, dtype, preset, base):
     )
 
 
-def _target_layers(backbone, manifest):
+def target_layers(backbone, manifest):
     """`{layer path: (layer, kernel variable)}`, matched by position."""
     ordered = weight_io.ordered_variables(backbone)
     matcher = weight_io.VariableMatcher(backbone, ordered)
@@ -152,7 +152,7 @@ def build_adapter_backbone(path, manifest, dtype=None, preset=None,
 
     dtype = dtype or manifest["dtype"]
     backbone = _base_backbone(path, manifest, dtype, preset, base)
-    layers = _target_layers(backbone, manifest)
+    layers = target_layers(backbone, manifest)
     variables, specs = rebuild.matched_specs(backbone, manifest, dtype)
     factor_specs = fmt.adapter.factor_specs(manifest)
     with progress.phase("restoring the adapter", total=manifest["weights"][

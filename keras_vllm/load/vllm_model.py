@@ -19,6 +19,8 @@ from keras_vllm import progress
 from keras_vllm.layers.context import ServingContext
 from keras_vllm.layers.context import serving_context
 from keras_vllm.layers.swap import swap_in_paged_layers
+from keras_vllm.load.adapter_slots import install_adapter_slots
+from keras_vllm.load.adapter_slots import token_slots
 from keras_vllm.load.keras_loader import build_backbone
 from keras_vllm.load.opening import open_verified
 from keras_vllm.load.sharding import shard_backbone
@@ -64,6 +66,10 @@ class KerasVllmForCausalLM(nnx.Module):
                 merge_lora=True,
             )
         self.attention_layers = len(swap_in_paged_layers(backbone))
+        self.manifest = manifest
+        self.lora_layers = install_adapter_slots(
+            backbone, self.vllm_config.lora_config, self.dtype_name
+        )
         # Every variable on the runner's mesh (split for tensor parallelism,
         # replicated otherwise): the jitted step takes them as they lie.
         self.placement = shard_backbone(backbone, self.mesh)
@@ -92,7 +98,9 @@ class KerasVllmForCausalLM(nnx.Module):
     ):
         positions = attention_metadata.input_positions
         context = ServingContext(
-            kv_caches, attention_metadata, positions, mesh=self.mesh
+            kv_caches, attention_metadata, positions, mesh=self.mesh,
+            lora_slots=token_slots(lora_metadata, input_ids.shape[0])
+            if getattr(self, "lora_layers", 0) else None,
         )
         # vLLM's T tokens run as T sequences of one token: the backbone's
         # masks stay [T, 1, 1] and positions come from the context.

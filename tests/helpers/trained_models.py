@@ -138,3 +138,21 @@ def trained(family, **overrides):
     ```
     """
     return training_run(family, **overrides).causal_lm
+
+
+_LORA_FINE_TUNES = {}
+
+
+def lora_fine_tune(family, texts, rank=2, steps=8, learning_rate=5e-2):
+    """`trained(family)` fine-tuned further with LoRA (`enable_lora(rank)`)
+    on `texts`, once per process and arguments: the adapter tests of
+    several modules share it. Tests must not change the returned model."""
+    key = (family, tuple(texts), rank, steps, learning_rate)
+    if key not in _LORA_FINE_TUNES:
+        model = trained_copy(family)
+        model.backbone.enable_lora(rank)
+        testing.fine_tune(
+            model, steps=steps, texts=texts, learning_rate=learning_rate
+        )
+        _LORA_FINE_TUNES[key] = model
+    return _LORA_FINE_TUNES[key]
