@@ -223,32 +223,11 @@ def teacher_forced_logprobs(causal_lm, token_ids):
         float32 array `[len(token_ids), vocab]`: row i is the distribution
         over the token after position i.
     """
-    return teacher_forced_logprobs_batch(causal_lm, [token_ids])[0]
-
-
-def teacher_forced_logprobs_batch(causal_lm, prompts):
-    """`teacher_forced_logprobs` of many prompts in one forward pass.
-
-    The prompts are right-padded to the longest (causal attention keeps the
-    padding invisible to real positions), so the model compiles once.
-
-    Args:
-        causal_lm: a KerasHub `CausalLM`.
-        prompts: a list of prompts, each a list of ints.
-
-    Returns:
-        A list with one float32 array `[len(prompt), vocab]` per prompt.
-    """
     from keras import ops
 
-    if not prompts:
-        return []
-    length = max(len(ids) for ids in prompts)
-    padded = np.zeros((len(prompts), length), dtype="int32")
-    mask = np.zeros((len(prompts), length), dtype="bool")
-    for row, ids in enumerate(prompts):
-        padded[row, : len(ids)] = ids
-        mask[row, : len(ids)] = True
-    logits = causal_lm({"token_ids": padded, "padding_mask": mask})
-    logprobs = np.asarray(ops.log_softmax(ops.cast(logits, "float32"), axis=-1))
-    return [logprobs[row, : len(ids)] for row, ids in enumerate(prompts)]
+    ids = np.asarray([token_ids], dtype="int32")
+    logits = causal_lm(
+        {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype="bool")}
+    )
+    logits = ops.cast(logits[0], "float32")
+    return np.asarray(ops.log_softmax(logits, axis=-1))

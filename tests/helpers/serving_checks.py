@@ -118,11 +118,12 @@ def check_prompt_logprobs(engine, causal_lm, atol=1e-4):
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
     outputs = engine.generate(prompts, params)
     worst = 0.0
-    keras = reference.teacher_forced_logprobs_batch(
-        causal_lm, [out.prompt_token_ids for out in outputs]
-    )
-    for out, keras_logprobs in zip(outputs, keras):
+    for out in outputs:
         ids = out.prompt_token_ids
+        # One unpadded forward pass per prompt: a right-padded batch is not
+        # the same computation for Keras' int8 layers (seen: 7e-3 apart on
+        # the tiny Llama), so the reference stays the model's own pass.
+        keras_logprobs = reference.teacher_forced_logprobs(causal_lm, ids)
         for i in range(1, len(ids)):
             served = out.prompt_logprobs[i][ids[i]].logprob
             worst = max(worst, abs(served - keras_logprobs[i - 1, ids[i]]))
