@@ -14,7 +14,7 @@ from keras_vllm import format as fmt
 from keras_vllm import progress
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ArtifactError
-from keras_vllm.errors import IntegrityError
+from keras_vllm.load import adapter_checks
 from keras_vllm.load import rebuild
 from keras_vllm.load.opening import open_verified
 
@@ -64,14 +64,9 @@ def open_base(path, manifest, base=None, verify=True):
             f"'{directory}' ('adapter.base.path'), which does not exist. "
             "Put the base there, or pass its directory as `base=`."
         )
-    digest = fmt.manifest_hash(directory)
-    if digest != reference["manifest_sha256"]:
-        raise IntegrityError(
-            f"The base '{directory}' is not the artifact the adapter '{path}' "
-            f"was exported against: its manifest hashes to {digest[:12]}..., "
-            f"the adapter records {reference['manifest_sha256'][:12]}... "
-            "('adapter.base.manifest_sha256'). Pass the adapter's own base."
-        )
+    adapter_checks.check_base_digest(
+        path, directory, reference, "Pass the adapter's own base."
+    )
     base_manifest = open_verified(directory, verify=verify).manifest
     fmt.adapter.check_targets(manifest, base_manifest, directory)
     return directory, base_manifest

@@ -21,6 +21,23 @@ from keras_vllm.load.opening import open_verified
 _DEFAULT_TARGETS = ("query_dense", "value_dense", "query", "value")
 
 
+def check_base_digest(path, base_path, reference, fix):
+    """Refuses a base artifact whose manifest is not the one the adapter
+    at `path` records (`reference`: its manifest's `adapter.base`).
+
+    Raises:
+        IntegrityError: naming both digests, the field, and `fix`.
+    """
+    digest = fmt.manifest_hash(base_path)
+    if digest != reference["manifest_sha256"]:
+        raise IntegrityError(
+            f"The base '{base_path}' is not the artifact the adapter '{path}' "
+            f"was exported against (it records another base): the base's "
+            f"manifest hashes to {digest[:12]}..., the adapter records "
+            f"{reference['manifest_sha256'][:12]}... "
+            f"('adapter.base.manifest_sha256'). {fix}"
+        )
+
 def target_names(base_manifest):
     """The layer names a base serves adapters on: its backbone class's
     `default_lora_layer_names()`, the layers `backbone.enable_lora(rank)`
@@ -85,15 +102,9 @@ def check_adapter(path, manifest, base_path, base_manifest, max_rank,
     """
     reference = manifest["adapter"]["base"]
     if reference["kind"] == "artifact":
-        digest = fmt.manifest_hash(base_path)
-        if digest != reference["manifest_sha256"]:
-            raise IntegrityError(
-                f"The adapter '{path}' was exported against another base than "
-                f"the served '{base_path}': the base's manifest hashes to "
-                f"{digest[:12]}..., the adapter records "
-                f"{reference['manifest_sha256'][:12]}... "
-                "('adapter.base.manifest_sha256'). Serve it over its own base."
-            )
+        check_base_digest(
+            path, base_path, reference, "Serve it over its own base."
+        )
     elif (
         base_manifest["weights"]["mode"] != "preset"
         or base_manifest.get("preset") != manifest.get("preset")
