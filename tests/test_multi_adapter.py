@@ -205,7 +205,8 @@ def test_gpt2_over_http_two_adapters_on_one_slot(exports, tmp_path,
     """`vllm serve BASE --enable-lora --lora-modules ...`: the `model` field
     picks the adapter; with one slot (`--max-loras 1`) concurrent requests
     for two adapters and the base take turns, each answered exactly; a third
-    adapter loads at run time (`/v1/load_lora_adapter`)."""
+    adapter loads at run time (`/v1/load_lora_adapter`) and unloads again
+    (`/v1/unload_lora_adapter`: no longer listed nor served)."""
     pytest.importorskip("tpu_inference")
     from helpers import engine_shapes
     from helpers.http_server import running_server
@@ -238,5 +239,18 @@ def test_gpt2_over_http_two_adapters_on_one_slot(exports, tmp_path,
         listed = {m["id"] for m in requests.get(url + "/v1/models").json()["data"]}
         assert "support_v2" in listed
         assert _complete(url, "support_v2", ids[0]) == (
+            family["expected"]["support"][0]
+        )
+        response = requests.post(url + "/v1/unload_lora_adapter", json={
+            "lora_name": "support_v2",
+        }, timeout=120)
+        assert response.status_code == 200, response.text
+        listed = {m["id"] for m in requests.get(url + "/v1/models").json()["data"]}
+        assert "support_v2" not in listed and "support" in listed
+        response = requests.post(url + "/v1/completions", json={
+            "model": "support_v2", "prompt": ids[0], "max_tokens": 1,
+        }, timeout=120)
+        assert response.status_code == 404, response.text
+        assert _complete(url, "support", ids[0]) == (
             family["expected"]["support"][0]
         )

@@ -3,8 +3,6 @@
 import logging
 import os
 
-import numpy as np
-
 from keras_vllm import format as fmt
 from keras_vllm import presets
 from keras_vllm import progress
@@ -14,6 +12,7 @@ from keras_vllm import weights as weight_io
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.export import adapter as adapter_export
+from keras_vllm.export import delta
 from keras_vllm.export import quantized
 from keras_vllm.export import sections
 from keras_vllm.export import staging
@@ -64,58 +63,6 @@ def _preset_handle(causal_lm, preset):
     if not preset:
         return None
     return presets.resolve_handle(preset)
-
-
-def _dtype_name(backbone):
-    name = backbone.dtype_policy.variable_dtype
-    if name not in fmt.SUPPORTED_DTYPES:
-        raise UnsupportedModelError(
-            f"Variables of dtype {name} are not supported (quantized or "
-            f"mixed maps); supported: {fmt.SUPPORTED_DTYPES}."
-        )
-    return name
-
-
-def _delta_against_preset(backbone, weights, handle, quantized_layers):
-    """Returns the subset of `weights` that differ from the preset's."""
-    import keras_hub
-
-    dtype = _dtype_name(backbone)
-    base = keras_hub.models.Backbone.from_preset(handle, dtype=dtype)
-    config = backbone.get_config()
-    if quantized_layers:
-        # The quantized layers' policies are the difference the delta
-        # stores; the rest of the config must be the preset's.
-        config = {**config, "dtype": base.get_config()["dtype"]}
-    # A converted Hugging Face checkpoint gets an auto-numbered layer name
-    # per load, so names are not compared (as the loader does not).
-    unnamed = lambda c: {k: v for k, v in c.items() if k != "name"}
-    if type(base) is not type(backbone) or unnamed(
-        base.get_config()
-    ) != unnamed(config):
-        raise ExportError(
-            f"The model's backbone config differs from the preset "
-            f"'{handle}', so its weights cannot be stored as a delta. Export "
-            "with `weights='full'`, or pass the preset it was built from."
-        )
-    base_weights = list(weight_io.backbone_weights(base).items())
-    if quantized_layers:
-        return quantized.delta(weights, quantized_layers, dict(base_weights))
-    if len(base_weights) != len(weights) or any(
-        weight_io.canonical_path(a) != weight_io.canonical_path(b)
-        for a, (b, _) in zip(weights, base_weights)
-    ):
-        raise ExportError(
-            f"The model's variables do not match the preset '{handle}'. "
-            "Export with `weights='full'`."
-        )
-    # Compared by position: auto-named layers get other paths in a second
-    # model built in the same process.
-    return {
-        path: value
-        for (path, value), (_, base_value) in zip(weights.items(), base_weights)
-        if not np.array_equal(value, base_value)
-    }
 
 
 def _max_sequence_length(causal_lm, requested):
@@ -231,7 +178,7 @@ def _export(
         "sampler": sections.serialize(causal_lm.sampler, "sampler"),
     }
     serialized["causal_lm"]["config"] = {}
-    dtype = _dtype_name(backbone)
+    dtype = delta.dtype_name(backbone)
     quantization = quantized.section(backbone, dtype)
     if quantization is not None:
         serialized["backbone"] = quantized.neutral_backbone_config(
@@ -298,7 +245,7 @@ def _export(
                 "handle": handle,
                 "files": presets.hash_preset(handle),
             }
-            stored = _delta_against_preset(
+            stored = delta.against_preset(
                 backbone,
                 all_weights,
                 handle,

@@ -20,16 +20,12 @@ from keras_vllm.errors import VersionSkewError
 from keras_vllm.format.files import read_json
 from keras_vllm.format import adapter
 from keras_vllm.format import quantization
-from keras_vllm.format.checks import fail
+from keras_vllm.format import file_table
+from keras_vllm.format.checks import field as _field
+from keras_vllm.format.checks import invalid_unless as _expect
+from keras_vllm.format.checks import is_sha256
 from keras_vllm.format.quantization import QUANTIZED_VARIABLE_DTYPES
-from keras_vllm.format.names import CHAT_TEMPLATE_FILE as _CHAT
 from keras_vllm.format.names import FORMAT_NAME
-from keras_vllm.format.names import GOLDEN_FILE as _GOLDEN
-from keras_vllm.format.names import MAX_CHAT_TEMPLATE_BYTES
-from keras_vllm.format.names import MAX_GOLDEN_BYTES
-from keras_vllm.format.names import MAX_SMALL_JSON_BYTES
-from keras_vllm.format.names import MAX_TOKENIZER_ASSET_BYTES
-from keras_vllm.format.names import TOKENIZER_ASSETS_DIR as _ASSETS
 from keras_vllm.format.names import FORMAT_VERSION
 from keras_vllm.format.names import GOLDEN_REFERENCES
 from keras_vllm.format.names import LORA_STORAGE
@@ -37,10 +33,8 @@ from keras_vllm.format.names import MANIFEST_FIELDS
 from keras_vllm.format.names import MANIFEST_FILE
 from keras_vllm.format.names import MAX_DIM
 from keras_vllm.format.names import MAX_ELEMENTS
-from keras_vllm.format.names import MAX_FILE_BYTES
 from keras_vllm.format.names import MAX_FILES
 from keras_vllm.format.names import MAX_MANIFEST_BYTES
-from keras_vllm.format.names import SIGNATURE_FILE
 from keras_vllm.format.names import SUPPORTED_DTYPES
 from keras_vllm.format.names import WEIGHT_MODES
 from keras_vllm.format.names import WEIGHTS_DIR
@@ -123,36 +117,6 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
     return validate_manifest(manifest)
 
 
-def _expect(condition, message):
-    if not condition:
-        raise ArtifactError(f"Invalid manifest: {message}")
-
-
-def _field(obj, key, kind, where):
-    _expect(isinstance(obj, dict), f"'{where}' must be an object.")
-    _expect(key in obj, f"missing field '{where}.{key}'.")
-    value = obj[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    ok = isinstance(value, kinds) and not (
-        isinstance(value, bool) and bool not in kinds
-    )
-    _expect(ok, f"'{where}.{key}' must be {_kind_name(kinds)}.")
-    return value
-
-
-def _kind_name(kinds):
-    names = {
-        str: "a string",
-        int: "an integer",
-        float: "a number",
-        bool: "a boolean",
-        dict: "an object",
-        list: "a list",
-        type(None): "null",
-    }
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
 def validate_shape(shape, where):
     """Checks a manifest shape: a short list of positive bounded ints."""
     _expect(isinstance(shape, list), f"'{where}' must be a list.")
@@ -167,36 +131,6 @@ def validate_shape(shape, where):
         math.prod(shape) <= MAX_ELEMENTS, f"'{where}' has too many elements."
     )
     return tuple(shape)
-
-
-def _size_limit(rel):
-    """The most bytes the format allows for one of its files (None: the
-    weights, bounded by the parameter limit instead)."""
-    if rel.startswith(_ASSETS + "/"):
-        return MAX_TOKENIZER_ASSET_BYTES
-    if rel == _GOLDEN:
-        return MAX_GOLDEN_BYTES
-    if rel == _CHAT:
-        return MAX_CHAT_TEMPLATE_BYTES
-    if rel in (WEIGHTS_DIR + "/_METADATA", WEIGHTS_DIR + "/_sharding"):
-        return MAX_MANIFEST_BYTES
-    if rel.startswith(WEIGHTS_DIR + "/"):
-        return None
-    return MAX_SMALL_JSON_BYTES
-
-
-def _check_file_sizes(manifest):
-    """Every asset and JSON file within its bound, before any is read (the
-    recorded sizes: verification compares them with the disk before it
-    hashes anything)."""
-    for rel, entry in sorted(manifest["files"].items()):
-        limit = _size_limit(rel)
-        if limit is not None and entry["bytes"] > limit:
-            fail(
-                f"Artifact file '{rel[:200]}' is {entry['bytes']} bytes, more "
-                f"than the {limit} the format allows for it. The artifact "
-                "was altered or is not a keras-vllm export; re-export it."
-            )
 
 
 def validate_manifest(manifest):
@@ -353,31 +287,8 @@ def validate_manifest(manifest):
     )
     quantization.validate(manifest)
     adapter.validate(manifest)
-    files = _field(manifest, "files", dict, "manifest")
-    _expect(len(files) <= MAX_FILES, "too many files listed.")
-    for rel, entry in files.items():
-        _expect(0 < len(rel) < 1000, "a file name has a bad length.")
-        where = f"files['{rel}']"
-        _expect(
-            rel not in (MANIFEST_FILE, SIGNATURE_FILE),
-            f"'files' lists '{rel}', which is never checksummed (the "
-            "manifest holds the checksums, the signature signs them).",
-        )
-        digest = _field(entry, "sha256", str, where)
-        _expect(is_sha256(digest), f"{where}.sha256 is not a hex SHA-256.")
-        size = _field(entry, "bytes", int, where)
-        _expect(size >= 0, f"{where}.bytes is negative.")
-        _expect(size <= MAX_FILE_BYTES, f"{where}.bytes is out of range.")
-    _check_file_sizes(manifest)
+    file_table.validate(manifest)
     return manifest
-
-
-def is_sha256(digest):
-    return (
-        isinstance(digest, str)
-        and len(digest) == 64
-        and all(c in "0123456789abcdef" for c in digest)
-    )
 
 
 def read_manifest(directory):

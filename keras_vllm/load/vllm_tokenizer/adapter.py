@@ -4,6 +4,8 @@ import os
 
 from keras_vllm import format as fmt
 from keras_vllm.load.vllm_tokenizer import chat
+from keras_vllm.load.vllm_tokenizer.chat_methods import ChatTemplateMethods
+from keras_vllm.load.vllm_tokenizer.chat_methods import batch_encoding
 from keras_vllm.load.vllm_tokenizer.special_tokens import SpecialTokens
 from keras_vllm.load.vllm_tokenizer.vocabulary import KIND_SPM
 from keras_vllm.load.vllm_tokenizer.vocabulary import Vocabulary
@@ -21,17 +23,7 @@ def _rebuild(path, truncation_side):
     )
 
 
-def _batch_encoding(ids):
-    from transformers import BatchEncoding
-
-    if ids and isinstance(ids[0], list):
-        mask = [[1] * len(row) for row in ids]
-    else:
-        mask = [1] * len(ids)
-    return BatchEncoding({"input_ids": ids, "attention_mask": mask})
-
-
-class KerasVllmTokenizer(TokenizerLike):
+class KerasVllmTokenizer(ChatTemplateMethods, TokenizerLike):
     """A keras-vllm artifact's KerasHub tokenizer behind vLLM's interface.
 
     Build it with `from_pretrained(artifact_dir)` (what vLLM calls). All
@@ -317,8 +309,8 @@ class KerasVllmTokenizer(TokenizerLike):
             add_special_tokens=add_special_tokens,
         )
         if isinstance(text, str):
-            return _batch_encoding(self.encode(text, **options))
-        return _batch_encoding([self.encode(t, **options) for t in text])
+            return batch_encoding(self.encode(text, **options))
+        return batch_encoding([self.encode(t, **options) for t in text])
 
     def decode(self, ids, skip_special_tokens=False, **kwargs):
         """Ids to text with the artifact's tokenizer.
@@ -341,75 +333,6 @@ class KerasVllmTokenizer(TokenizerLike):
             "model; tokens cannot be added (vLLM asks for this only for "
             "prompt embeddings, which keras-vllm does not serve)."
         )
-
-    # -- chat ------------------------------------------------------------------
-
-    def get_chat_template(self, chat_template=None, tools=None, **kwargs):
-        """The template to render: the given one, else the artifact's.
-
-        Without either, returns `MISSING_CHAT_TEMPLATE`, which
-        `apply_chat_template` turns into `NoChatTemplateError`.
-        """
-        if chat_template is not None:
-            return chat_template
-        if self.chat_template is not None:
-            return self.chat_template
-        return chat.MISSING_CHAT_TEMPLATE
-
-    def apply_chat_template(
-        self,
-        messages=None,
-        tools=None,
-        *,
-        conversation=None,
-        chat_template=None,
-        documents=None,
-        add_generation_prompt=False,
-        continue_final_message=False,
-        tokenize=True,
-        return_dict=False,
-        **kwargs,
-    ):
-        """Renders messages with the chat template, as HF tokenizers do.
-
-        The template is rendered by transformers (see `chat.render`) with
-        `messages`, `tools`, `documents`, `add_generation_prompt`,
-        `bos_token`, `eos_token`, `pad_token` and any extra keyword
-        arguments. With `tokenize`, the text is encoded without adding a
-        start token (the template adds it, as with HF).
-
-        Raises:
-            NoChatTemplateError: neither the artifact nor the caller
-                supplies a template.
-        """
-        if conversation is None:
-            conversation = messages
-        if conversation is None:
-            raise TypeError("apply_chat_template() needs `messages`.")
-        variables = {
-            name: value
-            for name, value in (
-                ("bos_token", self.bos_token),
-                ("eos_token", self.eos_token),
-                ("pad_token", self.pad_token),
-            )
-            if value is not None
-        }
-        variables.update(kwargs)
-        text = chat.render(
-            self.get_chat_template(chat_template),
-            conversation,
-            path=self._path,
-            tools=tools,
-            documents=documents,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            **variables,
-        )
-        if not tokenize:
-            return text
-        ids = self.encode(text, add_special_tokens=False)
-        return _batch_encoding(ids) if return_dict else ids
 
     def __repr__(self):
         return (
