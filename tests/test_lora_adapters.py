@@ -137,7 +137,16 @@ def test_adapters_and_base_differ(exports):
         _golden(exports["base"])
     ]
     assert outputs[0] != outputs[1]
-    assert outputs[2][0] not in (outputs[0][0], outputs[1][0])
+    # Each fine-tune moved the model where it was trained: on the start of
+    # its own text its continuation is not the base's. (On the shared golden
+    # prompt a tiny model trained a few steps may still agree with the
+    # base, depending on the fixtures trained before it.)
+    base_model = keras_loader.load_causal_lm(exports["base"])
+    for name, texts in TEXTS.items():
+        start = " ".join(texts[0].split()[:2])
+        assert _greedy(exports["models"][name], start) != _greedy(
+            base_model, start
+        ), name
 
 
 def test_wrong_base_is_refused_before_building(exports, monkeypatch, tmp_path):
