@@ -31,6 +31,7 @@ import tempfile
 import time
 
 import engine_rate
+import run
 
 # Llama-3-8B (meta-llama/Meta-Llama-3-8B's config.json): untied embeddings.
 LLAMA3_8B = {"vocabulary_size": 128256, "num_layers": 32, "hidden_dim": 4096,
@@ -107,12 +108,6 @@ def check_factor_rule(rank):
     return sorted(names)
 
 
-def directory_bytes(path):
-    """The total bytes of the files under `path`."""
-    return sum(os.path.getsize(os.path.join(root, name))
-               for root, _, files in os.walk(path) for name in files)
-
-
 def build(model, family):
     """A fresh copy of `model` (`"tiny"` or `"bench"`); equal calls give
     equal weights (`build_tiny_causal_lm` seeds its initialisation)."""
@@ -120,8 +115,6 @@ def build(model, family):
 
     if model == "tiny":
         return testing.build_tiny_causal_lm(family)
-    import run
-
     overrides = {k: v for k, v in run.MODEL.items() if k != "family"}
     return testing.build_tiny_causal_lm(run.MODEL["family"], **overrides)
 
@@ -153,7 +146,7 @@ def export_all(model, family, root, count, rank, steps):
         paths[name] = causal_lm.export_vllm(os.path.join(root, name), base=base,
                                             weights="adapter", **kwargs)
         if full is None:
-            full = directory_bytes(causal_lm.export_vllm(
+            full = run.dir_bytes(causal_lm.export_vllm(
                 os.path.join(root, name + "_full"), weights="full", **kwargs
             ))
             factors = sum(
@@ -233,8 +226,8 @@ def print_bytes(models, exports, args):
     print("|---|---|---|---|---|---|")
     for model in models:
         _, paths, full, factors = exports[model]
-        adapter = directory_bytes(paths["a0"])
-        weights = directory_bytes(os.path.join(paths["a0"], "weights"))
+        adapter = run.dir_bytes(paths["a0"])
+        weights = run.dir_bytes(os.path.join(paths["a0"], "weights"))
         print(f"| {model} | {adapter} | {weights} | {factors} | {full} | "
               f"{adapter / full:.2%} |")
 
@@ -286,19 +279,19 @@ def main():
 
     models = [m for m in args.models.split(",") if m]
     served = [m for m in args.serve.split(",") if m]
-    root = tempfile.mkdtemp()
-    exports = {}
-    for model in dict.fromkeys(models + served):
-        # Only the served models need all the adapters.
-        count = args.adapters if model in served else 1
-        exports[model] = export_all(model, args.family, os.path.join(
-            root, model), count, args.rank, args.steps)
+    with tempfile.TemporaryDirectory() as root:
+        exports = {}
+        for model in dict.fromkeys(models + served):
+            # Only the served models need all the adapters.
+            count = args.adapters if model in served else 1
+            exports[model] = export_all(model, args.family, os.path.join(
+                root, model), count, args.rank, args.steps)
 
-    if models:
-        print_bytes(models, exports, args)
-    print_llama3(args.rank)
-    if served:
-        print_rates(served, exports, args)
+        if models:
+            print_bytes(models, exports, args)
+        print_llama3(args.rank)
+        if served:
+            print_rates(served, exports, args)
 
 
 if __name__ == "__main__":

@@ -133,9 +133,7 @@ def test_load_returns_base_with_lora_factors(exports):
 
 
 def test_adapters_and_base_differ(exports):
-    outputs = [_golden(exports["paths"][n]) for n in TEXTS] + [
-        _golden(exports["base"])
-    ]
+    outputs = [_golden(exports["paths"][n]) for n in TEXTS]
     assert outputs[0] != outputs[1]
     # Each fine-tune moved the model where it was trained: on the start of
     # its own text its continuation is not the base's. (On the shared golden

@@ -2,36 +2,29 @@
 
 import numpy as np
 
-from keras_vllm import format as fmt
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ExportError
-from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.export import quantized
 
 
-def dtype_name(backbone):
-    """The backbone's variable dtype, one the format stores."""
-    name = backbone.dtype_policy.variable_dtype
-    if name not in fmt.SUPPORTED_DTYPES:
-        raise UnsupportedModelError(
-            f"Variables of dtype {name} are not supported (quantized or "
-            f"mixed maps); supported: {fmt.SUPPORTED_DTYPES}."
-        )
-    return name
-
-
-def against_preset(backbone, weights, handle, quantized_layers):
+def against_preset(backbone, weights, handle, dtype, quantized_layers):
     """Returns the subset of `weights` that differ from the preset's.
 
     The preset is loaded through keras-hub (a Keras preset or a converted
     Hugging Face checkpoint alike); its config must equal the model's.
+
+    Args:
+        backbone: the fine-tuned backbone.
+        weights: its `{path: array}` weights, in the backbone's order.
+        handle: the preset handle.
+        dtype: the backbone's variable dtype name (the preset is loaded in it).
+        quantized_layers: the manifest's quantized layers (empty if none).
 
     Raises:
         ExportError: the model is not built from that preset.
     """
     import keras_hub
 
-    dtype = dtype_name(backbone)
     base = keras_hub.models.Backbone.from_preset(handle, dtype=dtype)
     config = backbone.get_config()
     if quantized_layers:

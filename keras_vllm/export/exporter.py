@@ -65,6 +65,16 @@ def _preset_handle(causal_lm, preset):
     return presets.resolve_handle(preset)
 
 
+def _dtype_name(backbone):
+    name = backbone.dtype_policy.variable_dtype
+    if name not in fmt.SUPPORTED_DTYPES:
+        raise UnsupportedModelError(
+            f"Variables of dtype {name} are not supported (quantized or "
+            f"mixed maps); supported: {fmt.SUPPORTED_DTYPES}."
+        )
+    return name
+
+
 def _max_sequence_length(causal_lm, requested):
     if requested is not None:
         return int(requested)
@@ -178,7 +188,7 @@ def _export(
         "sampler": sections.serialize(causal_lm.sampler, "sampler"),
     }
     serialized["causal_lm"]["config"] = {}
-    dtype = delta.dtype_name(backbone)
+    dtype = _dtype_name(backbone)
     quantization = quantized.section(backbone, dtype)
     if quantization is not None:
         serialized["backbone"] = quantized.neutral_backbone_config(
@@ -249,6 +259,7 @@ def _export(
                 backbone,
                 all_weights,
                 handle,
+                dtype,
                 quantization["layers"] if quantization else {},
             )
             phase.advance(len(stored))
