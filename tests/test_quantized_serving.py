@@ -22,11 +22,17 @@ CASES = [
     for mode in quantized_models.MODES
 ] + [("llama", "int8", 2)]
 
-# Teacher-forced logprobs against Keras' forward pass. int8 layers quantize
-# their inputs per token (abs-max over the hidden axis): when XLA sums a
-# token's activations in another order for the ragged batch, a value on a
-# rounding boundary of that 1/127 scale can round one step the other way.
+# Teacher-forced logprobs against Keras' forward pass. int4 (weights only)
+# and GPTQ dequantize their weights and compute in float: every position
+# within LOGPROB_ATOL. int8 layers also quantize their inputs per token (abs-max over the
+# hidden axis): when XLA sums a token's activations in another order for the
+# ragged batch, a value on a rounding boundary of that 1/127 scale can round
+# one step the other way, and that position (and, through attention, later
+# ones) moves by up to a tenth (seen: 0.10 on the tiny Llama, 0.05 on GPT-2).
+# Most positions stay within LOGPROB_ATOL; a wrong scale moves them all.
 LOGPROB_ATOL = 1e-3
+ROUNDING_FLIP_ATOL = 0.25
+ACTIVATION_QUANTIZING_MODES = ("int8",)
 
 
 @pytest.fixture(
@@ -51,11 +57,14 @@ def test_greedy_matches_quantized_generate(served):
     serving_checks.check_greedy_matches_generate(engine, model)
 
 
-def test_prompt_logprobs_match_quantized_forward_pass(served):
+def test_prompt_logprobs_match_quantized_forward_pass(served, request):
     model, engine = served
-    worst = serving_checks.check_prompt_logprobs(
-        engine, model, atol=LOGPROB_ATOL
-    )
+    _, mode, _ = request.node.callspec.params["served"]
+    if mode in ACTIVATION_QUANTIZING_MODES:
+        tolerance = {"atol": ROUNDING_FLIP_ATOL, "median_atol": LOGPROB_ATOL}
+    else:
+        tolerance = {"atol": LOGPROB_ATOL}
+    worst = serving_checks.check_prompt_logprobs(engine, model, **tolerance)
     print(f"\nworst logprob difference: {worst:.2e}")
 
 

@@ -111,13 +111,30 @@ def check_greedy_matches_generate(
     assert len({tuple(w) for w in expected}) > 2, "outputs ignore the prompt"
 
 
-def check_prompt_logprobs(engine, causal_lm, atol=1e-4):
+def check_prompt_logprobs(engine, causal_lm, atol=1e-4, median_atol=None):
+    """Served teacher-forced logprobs against Keras' full forward pass.
+
+    Args:
+        atol: the bound every position meets.
+        median_atol: a tighter bound for the median position, for layers
+            whose computation is not continuous in their inputs (Keras'
+            int8 activations are rounded per token to 1/127 of their
+            abs-max): a 1-ulp difference in XLA's summation order can move
+            one value across a rounding boundary, which shifts that position
+            and, through attention, some later ones by far more than the
+            rest (seen: 0.10 at one of 160 positions on the tiny Llama, 13 of
+            91 between 1e-3 and 0.05 on GPT-2). Wrong scales or a skipped
+            layer move every position.
+
+    Returns:
+        The largest difference.
+    """
     from vllm import SamplingParams
 
     prompts = serving_prompts()[-3:]
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
     outputs = engine.generate(prompts, params)
-    worst = 0.0
+    differences = []
     for out in outputs:
         ids = out.prompt_token_ids
         # One unpadded forward pass per prompt: a right-padded batch is not
@@ -126,9 +143,13 @@ def check_prompt_logprobs(engine, causal_lm, atol=1e-4):
         keras_logprobs = reference.teacher_forced_logprobs(causal_lm, ids)
         for i in range(1, len(ids)):
             served = out.prompt_logprobs[i][ids[i]].logprob
-            worst = max(worst, abs(served - keras_logprobs[i - 1, ids[i]]))
-    assert worst <= atol, worst
-    return worst
+            differences.append(abs(served - keras_logprobs[i - 1, ids[i]]))
+    differences = sorted(differences)
+    assert differences[-1] <= atol, differences[-20:]
+    if median_atol is not None:
+        median = differences[len(differences) // 2]
+        assert median <= median_atol, (median, differences[-20:])
+    return differences[-1]
 
 
 def check_default_sampling_is_the_models(
