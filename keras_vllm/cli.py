@@ -8,7 +8,7 @@
     keras-vllm serve ARTIFACT ...     `vllm serve` with the artifact's defaults
     keras-vllm reload URL ARTIFACT    new weights for a serve --enable-reload
     keras-vllm demo                   the whole handoff on a tiny model, offline
-    keras-vllm bench [--quick] ...    bench/run.py (source checkouts only)
+    keras-vllm bench [--quick] ...    the serving benchmark (keras_vllm.bench)
 
 Exit codes: 0 success, 1 verification failed, 2 usage error, 3 the artifact
 or model was refused (the message says why).
@@ -16,7 +16,6 @@ or model was refused (the message says why).
 
 import argparse
 import logging
-import os
 import sys
 
 from keras_vllm import cli_reload
@@ -128,19 +127,10 @@ def _demo(args):
 
 
 def _bench(args):
-    # The benchmark lives in the repository (bench/run.py), not the package.
-    import runpy
+    # Imported here: the benchmark is the top layer, nothing else needs it.
+    from keras_vllm.bench import run
 
-    script = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        "bench",
-        "run.py",
-    )
-    if not os.path.isfile(script):
-        print(f"keras-vllm: {script} not found; `keras-vllm bench` needs a "
-              "source checkout of keras-vllm.", file=sys.stderr)
-        return EXIT_USAGE
-    return runpy.run_path(script)["main"](args.bench_args)
+    return run.main(args.bench_args)
 
 
 def _output_options(default):
@@ -265,10 +255,10 @@ def build_parser():
 
     p = sub.add_parser(
         "bench",
-        help="run the A/B/C-seed/C serving benchmark (bench/run.py)",
-        description="Runs bench/run.py; arguments go to it (e.g. --quick, "
-        "--out FILE). See docs/benchmarks.md.",
-        add_help=False,  # `keras-vllm bench --help` shows bench/run.py's
+        help="run the A/B/C-seed/C serving benchmark (keras_vllm.bench)",
+        description="Runs keras_vllm.bench; arguments go to it (e.g. "
+        "--quick, --model medium, --out FILE). See docs/benchmarks.md.",
+        add_help=False,  # `keras-vllm bench --help` shows the benchmark's
     )
     p.set_defaults(func=_bench)  # its arguments: see main()
     return parser
@@ -279,7 +269,7 @@ def main(argv=None):
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command == "bench":
-        args.bench_args = extra  # everything goes to bench/run.py
+        args.bench_args = extra  # everything goes to the benchmark
     elif extra:
         parser.error("unrecognized arguments: " + " ".join(extra))
     logging.basicConfig(

@@ -97,6 +97,29 @@ def test_tokenizer_is_deterministic(family):
     np.testing.assert_array_equal(first(text), second(text))
 
 
+@pytest.mark.parametrize("family", ["qwen", "opt"])
+def test_filled_vocabulary(family):
+    # Specials last (qwen) and first (opt): fillers go after the learned
+    # tokens, and text tokenizes as without them. (The corpus trains fewer
+    # than 1000 tokens, so `plain` stops short of that size.)
+    plain = testing.build_tiny_tokenizer(family, 1000)
+    assert plain.vocabulary_size() < 1000
+    filled = testing.build_tiny_tokenizer(family, 1000, fill=True)
+    assert filled.vocabulary_size() == 1000
+    for token in plain.special_tokens:
+        offset = 1000 - plain.vocabulary_size()
+        want = plain.token_to_id(token)
+        if want >= len(plain.special_tokens):  # specials last
+            want += offset
+        assert filled.token_to_id(token) == want
+    for text in ROUND_TRIP_STRINGS:
+        np.testing.assert_array_equal(filled(text), plain(text))
+    unused = filled.token_to_id("<|unused_0|>")
+    assert filled.detokenize([unused]) == "<|unused_0|>"
+    with pytest.raises(ValueError, match="fill"):
+        testing.build_tiny_tokenizer("llama", 1000, fill=True)
+
+
 def test_fine_tune_reduces_loss(trained):
     family, _, losses = trained
     assert len(losses) > 1

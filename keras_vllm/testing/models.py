@@ -237,7 +237,13 @@ def _preprocessor_class(family):
 
 
 def build_tiny_causal_lm(
-    family, *, seed=0, dtype=None, sequence_length=64, **overrides
+    family,
+    *,
+    seed=0,
+    dtype=None,
+    sequence_length=64,
+    filled_vocabulary=None,
+    **overrides,
 ):
     """Builds a tiny, randomly initialised CausalLM of a family, offline.
 
@@ -266,6 +272,10 @@ def build_tiny_causal_lm(
             policy, e.g. `"bfloat16"`. Defaults to Keras' global policy.
         sequence_length: int. The preprocessor's sequence length (the
             default `max_length` of `generate()`).
+        filled_vocabulary: int, optional. Byte-level BPE families only: the
+            tokenizer (and so the embeddings) gets exactly this many tokens,
+            filled up with unused ones past what the fixture corpus trains
+            (`build_tiny_tokenizer(..., fill=True)`).
         **overrides: backbone constructor arguments replacing the tiny
             defaults, e.g. `num_layers=6` or `**PHI3_SU_ROPE_SCALING`.
 
@@ -274,7 +284,12 @@ def build_tiny_causal_lm(
     """
     _check_family(family)
     keras.utils.set_random_seed(seed)
-    tokenizer = tokenizers_lib.build_tiny_tokenizer(family)
+    if filled_vocabulary:
+        tokenizer = tokenizers_lib.build_tiny_tokenizer(
+            family, filled_vocabulary, fill=True
+        )
+    else:
+        tokenizer = tokenizers_lib.build_tiny_tokenizer(family)
     config = backbone_config(family, **overrides)
     config.setdefault("vocabulary_size", tokenizer.vocabulary_size())
     if dtype is not None:

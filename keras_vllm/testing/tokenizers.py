@@ -139,7 +139,9 @@ _TOKENIZERS = {
 
 
 @functools.lru_cache(maxsize=None)
-def _train_byte_pair_cached(special_tokens, vocabulary_size, specials_first):
+def _train_byte_pair_cached(
+    special_tokens, vocabulary_size, specials_first, fill
+):
     from tokenizers import Tokenizer
     from tokenizers import decoders
     from tokenizers import models
@@ -163,6 +165,14 @@ def _train_byte_pair_cached(special_tokens, vocabulary_size, specials_first):
     # merges refer to token strings, not ids.
     by_id = sorted(model["vocab"].items(), key=lambda item: item[1])
     tokens = [token for token, _ in by_id]
+    if fill:
+        # Like the reserved tokens of real vocabularies: no merge makes
+        # them, so no text encodes to them, but ids and embeddings exist.
+        # Printable ASCII is its own byte-level symbol, so they decode.
+        # Appended after the learned tokens (special tokens still first).
+        tokens += [
+            f"<|unused_{i}|>" for i in range(vocabulary_size - len(tokens))
+        ]
     if not specials_first:
         tokens = tokens[len(special_tokens) :] + tokens[: len(special_tokens)]
     vocabulary = tuple((token, i) for i, token in enumerate(tokens))
@@ -177,6 +187,7 @@ def train_byte_pair(
     special_tokens,
     vocabulary_size=BPE_VOCABULARY_SIZE,
     special_tokens_first=False,
+    fill=False,
 ):
     """Trains a tiny byte-level BPE on the fixture corpus.
 
@@ -187,6 +198,9 @@ def train_byte_pair(
             the 256 byte-level symbols included.
         special_tokens_first: bool. Whether the special tokens take the first
             ids (`0..len(special_tokens) - 1`) rather than the last ones.
+        fill: bool. Where the corpus trains fewer tokens than
+            `vocabulary_size` (it trains ~700), add unused tokens
+            (`<|unused_N|>`, after the learned ones) up to that size.
 
     Returns:
         A `(vocabulary, merges)` tuple as `keras_hub.tokenizers.
@@ -194,7 +208,10 @@ def train_byte_pair(
         token to id and `merges` a fresh `list` of `"a b"` strings.
     """
     vocabulary, merges = _train_byte_pair_cached(
-        tuple(special_tokens), int(vocabulary_size), bool(special_tokens_first)
+        tuple(special_tokens),
+        int(vocabulary_size),
+        bool(special_tokens_first),
+        bool(fill),
     )
     return dict(vocabulary), list(merges)
 
@@ -259,13 +276,17 @@ def tokenizer_class(family):
     return getattr(keras_hub.models, _TOKENIZERS[family][0])
 
 
-def build_tiny_tokenizer(family, vocabulary_size=None):
+def build_tiny_tokenizer(family, vocabulary_size=None, fill=False):
     """Builds a family's KerasHub tokenizer on locally trained assets.
 
     Args:
         family: string. One of `keras_vllm.testing.FAMILIES`.
         vocabulary_size: int, optional. The target vocabulary size. Defaults
             to `BPE_VOCABULARY_SIZE` or `SENTENCE_PIECE_VOCABULARY_SIZE`.
+        fill: bool. Byte-level BPE families only: reach `vocabulary_size`
+            exactly, with unused tokens where the fixture corpus trains
+            fewer (see `train_byte_pair`), so a model built on the
+            tokenizer has embeddings of a realistic size.
 
     Returns:
         A `keras_hub.tokenizers.Tokenizer` of the family's class, e.g. a
@@ -281,8 +302,11 @@ def build_tiny_tokenizer(family, vocabulary_size=None):
             BPE_SPECIAL_TOKENS[layout],
             size,
             special_tokens_first=layout in BPE_SPECIAL_TOKENS_FIRST,
+            fill=fill,
         )
         return cls(vocabulary=vocabulary, merges=merges)
+    if fill:
+        raise ValueError(f"fill: {family!r} has no byte-level BPE tokenizer")
     size = vocabulary_size or SENTENCE_PIECE_VOCABULARY_SIZE
     return cls(proto=train_sentence_piece(layout, size))
 

@@ -2,7 +2,7 @@
 tensor-parallel size, on this host (virtual JAX CPU devices without a TPU).
 
 ```
-python bench/tensor_parallel.py --family llama --sizes 1,2 --prompts 16 --max-tokens 64
+python -m keras_vllm.bench.tensor_parallel --family llama --sizes 1,2 --prompts 16 --max-tokens 64
 ```
 
 Prints one row per TP size. The model is a tiny random KerasHub model of the
@@ -13,7 +13,7 @@ warm-up, so start times include compiling every bucket.
 
 import argparse
 
-import engine_rate
+from keras_vllm.bench import engine_rate
 
 
 def main():
@@ -34,14 +34,13 @@ def main():
             path, prompts, args.max_tokens, tensor_parallel_size=size
         )
         rows.append((size, started, rate, devices))
-    print(f"\n{args.family}, {args.prompts} prompts x {args.max_tokens} tokens")
-    print("| TP | engine start (s) | output tok/s | weight bytes per device |")
-    print("|---|---|---|---|")
-    for size, started, rate, devices in rows:
-        print(
-            f"| {size} | {started:.1f} | {rate:.1f} | "
-            f"{', '.join(str(d) for d in devices)} |"
-        )
+    engine_rate.print_table(
+        args,
+        ["TP", "engine start (s)", "output tok/s", "weight bytes per device"],
+        [[str(size), f"{started:.1f}", f"{rate:.1f}",
+          ", ".join(str(d) for d in devices)]
+         for size, started, rate, devices in rows],
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Cold vs warm engine starts on vLLM's persistent compile cache.
 
 ```
-python bench/warm_start.py [--family qwen] [--model bench|tiny]
+python -m keras_vllm.bench.warm_start [--family qwen] [--model bench|tiny]
 ```
 
 Exports one model, then starts an engine on it in a fresh process four
@@ -61,7 +61,10 @@ def _start(path, cache, threshold):
     else:
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(threshold)
     result = subprocess.run(
-        [sys.executable, __file__, "--worker", path],
+        # The module, not a file path: it runs wherever keras-vllm is
+        # installed.
+        [sys.executable, "-m", "keras_vllm.bench.warm_start", "--worker",
+         path],
         env=env, capture_output=True, text=True, timeout=1800,
     )
     lines = [l for l in result.stdout.splitlines() if l.startswith("RESULT ")]
@@ -77,10 +80,10 @@ def _model(args):
 
     if args.model == "tiny":
         return testing.build_tiny_causal_lm(args.family)
-    import run
+    from keras_vllm.bench import models
 
-    overrides = {k: v for k, v in run.MODEL.items() if k != "family"}
-    return testing.build_tiny_causal_lm(run.MODEL["family"], **overrides)
+    # "bench": the benchmark's own (tiny) model.
+    return models.build("tiny")
 
 
 def main():

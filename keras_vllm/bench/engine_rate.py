@@ -1,8 +1,5 @@
-"""What the small benchmark scripts (`tensor_parallel.py`, `quantized.py`)
+"""What the small benchmarks (`tensor_parallel`, `quantized`, `adapters`)
 share: the prompts, an export, and one engine's start time and output rate.
-
-Imported by those scripts as a sibling (`python bench/X.py` puts `bench/` on
-the path).
 """
 
 import os
@@ -49,3 +46,14 @@ def measure(path, prompts, max_tokens, **engine_kwargs):
     layout = engine.weights_layout()
     engine.shutdown()
     return started, tokens / seconds, layout["devices"]
+
+
+def print_table(args, header, rows):
+    """Prints the run's title (family, prompts, tokens) and a Markdown
+    table: `header` and each row are lists of cell strings."""
+    print(f"\n{args.family}, {args.prompts} prompts x {args.max_tokens} "
+          "tokens")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for cells in rows:
+        print("| " + " | ".join(cells) + " |")

@@ -2,7 +2,7 @@
 float32, bfloat16 and Keras int8, on this host.
 
 ```
-python bench/quantized.py --family llama --prompts 16 --max-tokens 64
+python -m keras_vllm.bench.quantized --family llama --prompts 16 --max-tokens 64
 ```
 
 Prints one row per dtype. The model is a tiny random KerasHub model of the
@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 
-import engine_rate
+from keras_vllm.bench import engine_rate
 
 
 def main():
@@ -42,14 +42,13 @@ def main():
             stored = json.load(f)["weights"]["bytes"]
         started, rate, _ = engine_rate.measure(path, prompts, args.max_tokens)
         rows.append((name, stored, started, rate))
-    print(f"\n{args.family}, {args.prompts} prompts x {args.max_tokens} tokens")
-    print("| weights | stored bytes | vs float32 | engine start (s) | output tok/s |")
-    print("|---|---|---|---|---|")
-    for name, stored, started, rate in rows:
-        print(
-            f"| {name} | {stored} | {stored / rows[0][1]:.2f} | "
-            f"{started:.1f} | {rate:.1f} |"
-        )
+    engine_rate.print_table(
+        args,
+        ["weights", "stored bytes", "vs float32", "engine start (s)",
+         "output tok/s"],
+        [[name, str(stored), f"{stored / rows[0][1]:.2f}", f"{started:.1f}",
+          f"{rate:.1f}"] for name, stored, started, rate in rows],
+    )
 
 
 if __name__ == "__main__":

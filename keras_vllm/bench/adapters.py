@@ -2,14 +2,14 @@
 of one batch mixing several adapters against the same batch on the base.
 
 ```
-python bench/adapters.py [--models tiny,bench] [--serve tiny] [--adapters 4]
+python -m keras_vllm.bench.adapters [--models tiny,bench] [--serve tiny] [--adapters 4]
     [--prompts 16] [--max-tokens 32] [--reps 3] [--plain-engine]
 ```
 
 Prints three tables:
 
 1. **Bytes.** For each model (`tiny`: `build_tiny_causal_lm(--family)`;
-   `bench`: bench/run.py's `MODEL`) the base is exported full; a copy gets
+   `bench`: the benchmark's tiny model, `keras_vllm.bench.models`) the base is exported full; a copy gets
    `enable_lora(--rank)` and a few fine-tuning steps and is exported as
    `weights="adapter"` (against the base) and as `weights="full"`. Each
    directory's file bytes are summed (tokenizer, config, manifest too).
@@ -30,8 +30,9 @@ import os
 import tempfile
 import time
 
-import engine_rate
-import run
+from keras_vllm.bench import engine_rate
+from keras_vllm.bench import models
+from keras_vllm.bench.prepare import dir_bytes
 
 # Llama-3-8B (meta-llama/Meta-Llama-3-8B's config.json): untied embeddings.
 LLAMA3_8B = {"vocabulary_size": 128256, "num_layers": 32, "hidden_dim": 4096,
@@ -115,8 +116,7 @@ def build(model, family):
 
     if model == "tiny":
         return testing.build_tiny_causal_lm(family)
-    overrides = {k: v for k, v in run.MODEL.items() if k != "family"}
-    return testing.build_tiny_causal_lm(run.MODEL["family"], **overrides)
+    return models.build("tiny")
 
 
 def export_all(model, family, root, count, rank, steps):
@@ -146,7 +146,7 @@ def export_all(model, family, root, count, rank, steps):
         paths[name] = causal_lm.export_vllm(os.path.join(root, name), base=base,
                                             weights="adapter", **kwargs)
         if full is None:
-            full = run.dir_bytes(causal_lm.export_vllm(
+            full = dir_bytes(causal_lm.export_vllm(
                 os.path.join(root, name + "_full"), weights="full", **kwargs
             ))
             factors = sum(
@@ -226,8 +226,8 @@ def print_bytes(models, exports, args):
     print("|---|---|---|---|---|---|")
     for model in models:
         _, paths, full, factors = exports[model]
-        adapter = run.dir_bytes(paths["a0"])
-        weights = run.dir_bytes(os.path.join(paths["a0"], "weights"))
+        adapter = dir_bytes(paths["a0"])
+        weights = dir_bytes(os.path.join(paths["a0"], "weights"))
         print(f"| {model} | {adapter} | {weights} | {factors} | {full} | "
               f"{adapter / full:.2%} |")
 

@@ -6,7 +6,7 @@ compare teacher-forced next-token argmax with float32 over the test corpus.
 With `--engine`, the bfloat16 side is vLLM serving the artifact
 (`KerasVllmEngine.from_export(path, dtype="bfloat16")`, prompt logprobs).
 
-    .venv/bin/python bench/bf16_agreement.py [--engine] [--families a,b]
+    python -m keras_vllm.bench.bf16_agreement [--engine] [--families a,b]
 """
 
 import argparse
