@@ -1,7 +1,9 @@
 """LoRA adapter artifacts (format 1.3): export, Keras load, one-engine serving.
 
 One tiny Llama base (exported full) and two LoRA adapters of it, each
-trained a few steps on other sentences, so their greedy outputs differ.
+trained a few steps on other sentences, so their greedy outputs differ
+(`helpers.lora_exports`; the legal adapter stores bfloat16 factors, whose
+own checks are in test_lora_factor_dtype.py).
 """
 
 import json
@@ -22,64 +24,18 @@ from keras_vllm.testing.models import NUM_LAYERS
 from keras_vllm.load import keras_loader
 from keras_vllm.load import rebuild
 
-from helpers.trained_models import trained
-from helpers.trained_models import lora_fine_tune
+from helpers import lora_exports
+from helpers.lora_exports import GOLDEN
+from helpers.lora_exports import NEW_TOKENS
+from helpers.lora_exports import RANK
+from helpers.lora_exports import TEXTS
 from helpers.trained_models import trained_copy
-
-RANK = 2
-NEW_TOKENS = 8
-GOLDEN = {"golden_prompts": testing.prompts()[:2],
-          "golden_max_new_tokens": NEW_TOKENS}
-# One golden prompt where no test reads more (each costs a compile).
-ONE_GOLDEN = {"golden_prompts": testing.prompts()[:1],
-              "golden_max_new_tokens": NEW_TOKENS}
-# Each adapter learns to repeat other token ids, so their outputs differ.
-TEXTS = {
-    "support": ["alpha beta gamma alpha beta gamma alpha beta gamma."] * 4,
-    "legal": ["water is wet water is wet water is wet water is wet."] * 4,
-}
-
-
-def _bytes(path):
-    return sum(
-        os.path.getsize(os.path.join(d, f))
-        for d, _, files in os.walk(path)
-        for f in files
-    )
-
-
-def _adapter_model(texts, steps=8):
-    if steps == 8:
-        # The fine-tune test_multi_adapter.py serves too (shared).
-        return lora_fine_tune("llama", texts, rank=RANK)
-    model = trained_copy("llama")
-    model.backbone.enable_lora(RANK)
-    testing.fine_tune(model, steps=steps, texts=texts, learning_rate=5e-2)
-    return model
 
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lora")
-    base = trained("llama").export_vllm(
-        root / "base", weights="full", **ONE_GOLDEN
-    )
-    models, paths = {}, {}
-    for name, texts in TEXTS.items():
-        models[name] = _adapter_model(texts)
-        paths[name] = models[name].export_vllm(
-            root / name, base=base, max_sequence_length=256, **GOLDEN
-        )
-    full = models["support"].export_vllm(
-        root / "support_full", weights="full", **ONE_GOLDEN
-    )
-    return {"root": root, "base": base, "models": models, "paths": paths,
-            "full": full}
+    return lora_exports.exports(tmp_path_factory)
 
-
-def _golden(path):
-    with open(os.path.join(path, fmt.GOLDEN_FILE)) as f:
-        return [r["output_ids"] for r in json.load(f)["outputs"]]
 
 
 def _greedy(model, text):
@@ -100,8 +56,8 @@ def test_adapter_stores_only_the_factors(exports):
     base = manifest["adapter"]["base"]
     assert base["kind"] == "artifact" and base["path"] == os.path.join("..", "base")
     assert base["manifest_sha256"] == fmt.manifest_hash(exports["base"])
-    adapter_bytes = _bytes(exports["paths"]["support"])
-    full_bytes = _bytes(exports["full"])
+    adapter_bytes = lora_exports.dir_bytes(exports["paths"]["support"])
+    full_bytes = lora_exports.dir_bytes(exports["full"])
     factor_bytes = weights["bytes"]
     full_weight_bytes = fmt.read_manifest(exports["full"])["weights"]["bytes"]
     print(
@@ -133,7 +89,7 @@ def test_load_returns_base_with_lora_factors(exports):
 
 
 def test_adapters_and_base_differ(exports):
-    outputs = [_golden(exports["paths"][n]) for n in TEXTS]
+    outputs = [lora_exports.golden(exports["paths"][n]) for n in TEXTS]
     assert outputs[0] != outputs[1]
     # Each fine-tune moved the model where it was trained: on the start of
     # its own text its continuation is not the base's. (On the shared golden
@@ -168,21 +124,11 @@ def test_wrong_base_is_refused_before_building(exports, monkeypatch, tmp_path):
         keras_vllm.load_causal_lm(moved / "support")
 
 
-def _edited_copy(exports, tmp_path, edit):
-    path = tmp_path / "support"
-    shutil.copytree(exports["paths"]["support"], path)
-    manifest = json.loads((path / "manifest.json").read_text())
-    edit(manifest)
-    (path / "manifest.json").write_text(json.dumps(manifest))
-    base = os.path.join(os.path.dirname(exports["paths"]["support"]), "base")
-    return path, base
-
-
 def test_target_the_base_lacks_is_refused(exports, monkeypatch, tmp_path):
     def edit(manifest):
         target = next(iter(manifest["adapter"]["targets"].values()))
         target["kernel_index"] = 0  # the token embedding
-    path, base = _edited_copy(exports, tmp_path, edit)
+    path, base = lora_exports.edited_copy(exports, tmp_path, edit)
     monkeypatch.setattr(
         rebuild, "construct",
         lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")),
@@ -218,6 +164,15 @@ def test_hostile_adapter_sections_are_refused(exports):
         (lambda m: m["adapter"]["base"].update(kind="url"), "kind"),
         (lambda m: m["adapter"]["base"].update(manifest_sha256="x"), "SHA-256"),
         (lambda m: m["adapter"].update(targets={}), "targets"),
+        (lambda m: m["adapter"].update(factor_dtype="int8"), "factor_dtype"),
+        (lambda m: m["adapter"].update(factor_dtype="float64"),
+         "factor_dtype"),
+        (lambda m: m["adapter"].update(factor_dtype={"a": 1}),
+         "factor_dtype"),
+        (lambda m: m["adapter"].update(factor_dtype=["bfloat16"]),
+         "factor_dtype"),
+        (lambda m: m["adapter"].update(factor_dtype=None), "factor_dtype"),
+        (lambda m: m["adapter"].update(factor_scale=1), "optionally"),
     ]:
         copy = json.loads(json.dumps(manifest))
         edit(copy)
@@ -229,7 +184,7 @@ def test_factor_shape_other_than_the_rank_is_refused(exports, tmp_path):
     def edit(manifest):
         for target in manifest["adapter"]["targets"].values():
             target["rank"] = RANK + 1
-    path, base = _edited_copy(exports, tmp_path, edit)
+    path, base = lora_exports.edited_copy(exports, tmp_path, edit)
     with pytest.raises(ArtifactError, match="recorded in the manifest as"):
         keras_vllm.load_causal_lm(path, base=base)
 
@@ -259,7 +214,7 @@ def test_export_refusals(exports, tmp_path):
 
 
 def test_changed_variables_are_stored_as_a_delta(exports, tmp_path):
-    model = _adapter_model(TEXTS["support"][:1], steps=1)
+    model = lora_exports.adapter_model(TEXTS["support"][:1], steps=1)
     norm = model.backbone.get_layer("sequence_output_layernorm")
     norm.scale.assign(norm.scale.numpy() + 0.5)
     path = model.export_vllm(tmp_path / "delta", base=exports["base"],
@@ -282,11 +237,14 @@ def test_engine_serves_one_adapter(exports):
     from vllm import SamplingParams
 
     texts = GOLDEN["golden_prompts"]
-    expected = _golden(exports["paths"]["legal"])
+    # The legal adapter's factors are stored in bfloat16: served merged,
+    # upcast, they reproduce the golden outputs recorded with them.
+    expected = lora_exports.golden(exports["paths"]["legal"])
     # vLLM stops at the artifact's stop ids, as golden.json does.
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
     with keras_vllm.KerasVllmEngine.from_export(
         exports["paths"]["legal"], **engine_shapes.ENGINE_KWARGS
     ) as engine:
         outputs = engine.generate(texts, params)
+        assert engine.check_golden() == []
     assert [list(o.outputs[0].token_ids) for o in outputs] == expected

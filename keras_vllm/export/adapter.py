@@ -4,9 +4,13 @@ A model with LoRA enabled (`backbone.enable_lora(rank)`) exports as an
 adapter artifact (`weights="adapter"`, format 1.3) against a base: the
 preset it came from or an existing keras-vllm artifact (`base=`). Only
 Keras' own factors are stored (per-head A of 3-D attention kernels
-included), plus any other variable that differs from the base.
+included), plus any other variable that differs from the base. The factors
+are stored as Keras trains them (float32, exact) unless `lora_dtype=` asks
+for bfloat16 or float16 (half the bytes; the factors are rounded, so the
+golden outputs are recorded with the rounded values).
 """
 
+import contextlib
 import logging
 import os
 import types
@@ -62,6 +66,63 @@ def wanted(weights, backbone, base, handle):
     return weights == "auto" and has_lora and (base is not None or handle)
 
 
+def check_lora_dtype(lora_dtype):
+    """Refuses a `lora_dtype=` that is not a factor dtype of the format,
+    before anything is computed or written."""
+    if lora_dtype is not None and (
+        not isinstance(lora_dtype, str)
+        or lora_dtype not in fmt.LORA_FACTOR_DTYPES
+    ):
+        raise ExportError(
+            f"lora_dtype={lora_dtype!r} is not a dtype LoRA factors can be "
+            f"stored in; pass one of {fmt.LORA_FACTOR_DTYPES}, or None "
+            "(float32, as Keras trains them)."
+        )
+
+
+def check_lora_dtype_applies(lora_dtype, as_adapter, weights):
+    """`lora_dtype=` only chooses how an adapter export stores its factors;
+    any other export merges them into the kernels at the model's dtype."""
+    if lora_dtype is not None and not as_adapter:
+        raise ExportError(
+            f"lora_dtype={lora_dtype!r} only applies to adapter exports "
+            f"(weights='adapter', or 'auto' with a base), but this export "
+            f"(weights='{weights}') is not one: it stores the kernels with "
+            "the LoRA factors merged, in the model's dtype. Drop lora_dtype, "
+            "or export an adapter with `base=` / `preset=`."
+        )
+
+
+def _rounded(value, lora_dtype):
+    """A factor's value as stored: float32 rounded to `lora_dtype`."""
+    return np.asarray(value, "float32").astype(weight_io.dtype_of(lora_dtype))
+
+
+@contextlib.contextmanager
+def factors_as_stored(backbone, lora_dtype):
+    """Within the block, the model's LoRA factors hold the values the
+    artifact stores (rounded to `lora_dtype`, upcast back to float32), so
+    golden outputs recorded there are what loading and serving compute.
+    The user's exact values are restored afterwards, whatever happens."""
+    if lora_dtype in (None, fmt.DEFAULT_LORA_FACTOR_DTYPE):
+        yield
+        return
+    factors = [
+        variable
+        for layer in lora_layers(backbone)
+        for variable in (layer.lora_kernel_a, layer.lora_kernel_b)
+    ]
+    # Copies: a backend may reuse a variable's buffer on assignment.
+    exact = [np.array(v.value) for v in factors]
+    try:
+        for variable, value in zip(factors, exact):
+            variable.assign(_rounded(value, lora_dtype).astype("float32"))
+        yield
+    finally:
+        for variable, value in zip(factors, exact):
+            variable.assign(value)
+
+
 def _raw_values(backbone):
     """`[(path, numpy value)]` of `ordered_variables`, LoRA not merged."""
     return [
@@ -111,7 +172,8 @@ def _base_from_artifact(base, target, dtype):
     return reference, manifest["backbone"], values, manifest.get("preset")
 
 
-def plan(backbone, serialized_backbone, dtype, target, base, handle):
+def plan(backbone, serialized_backbone, dtype, target, base, handle,
+         lora_dtype=None):
     """The adapter export's content.
 
     Args:
@@ -122,6 +184,9 @@ def plan(backbone, serialized_backbone, dtype, target, base, handle):
             to it).
         base: a keras-vllm artifact directory, or None for `handle`.
         handle: the preset the model came from (used when `base` is None).
+        lora_dtype: the dtype the factors are stored in (checked by
+            `check_lora_dtype`); None stores them as Keras keeps them,
+            float32.
 
     Returns:
         A namespace: `stored` (`{orbax path: array}`: the delta and the
@@ -177,6 +242,7 @@ def plan(backbone, serialized_backbone, dtype, target, base, handle):
             stored[path] = value
             variables[path] = index
     position = {id(v): i for i, v in enumerate(ordered)}
+    factor_dtype = lora_dtype or fmt.DEFAULT_LORA_FACTOR_DTYPE
     targets = {}
     for layer in lora_layers(backbone):
         kernel = layer._kernel
@@ -199,18 +265,23 @@ def plan(backbone, serialized_backbone, dtype, target, base, handle):
             "rank": int(layer.lora_rank),
             "alpha": layer.lora_alpha,
         }
-        stored[a_path] = np.asarray(layer.lora_kernel_a.value, "float32")
-        stored[b_path] = np.asarray(layer.lora_kernel_b.value, "float32")
+        stored[a_path] = _rounded(layer.lora_kernel_a.value, factor_dtype)
+        stored[b_path] = _rounded(layer.lora_kernel_b.value, factor_dtype)
     if variables:
         logger.warning(
             "keras-vllm: the adapter also stores %d variable(s) that differ "
             "from its base '%s' (e.g. '%s') beside the LoRA factors.",
             len(variables), name, sorted(variables)[0],
         )
+    section = {"base": reference, "targets": targets}
+    if factor_dtype != fmt.DEFAULT_LORA_FACTOR_DTYPE:
+        # Recorded only when it is not the default, so float32 adapters
+        # stay readable by 1.3 readers from before the field.
+        section["factor_dtype"] = factor_dtype
     return types.SimpleNamespace(
         stored=stored,
         variables=variables,
-        adapter={"base": reference, "targets": targets},
+        adapter=section,
         preset=preset if reference["kind"] == "preset" else None,
     )
 

@@ -101,6 +101,7 @@ def export_vllm(
     allow_unservable=False,
     verbose="auto",
     signing_key=None,
+    lora_dtype=None,
 ):
     """Exports a KerasHub `CausalLM` as a keras-vllm artifact directory.
 
@@ -143,6 +144,14 @@ def export_vllm(
             certificate-based signing): the artifact is signed with OpenSSF
             model-signing (`model.sig`, over every other file) before it is
             published, so it appears signed or not at all.
+        lora_dtype: for an adapter export, the dtype its LoRA factors are
+            stored in: None (float32, as Keras trains them: exact),
+            `"float32"`, `"bfloat16"` or `"float16"`. The 16-bit dtypes
+            halve the adapter's bytes but round the factors, so the model
+            served or loaded from the artifact differs slightly from the
+            exporting one; golden outputs are recorded with the rounded
+            factors (the exporting model itself is left unchanged).
+            Refused on any other export.
 
     Returns:
         The absolute path of the artifact.
@@ -158,20 +167,21 @@ def export_vllm(
     """
     _check_model(causal_lm)
     target = staging.check_target(path, overwrite)
-    # The key is checked before any work is done.
+    # The key and the factor dtype are checked before any work is done.
     signer = None if signing_key is None else signing.as_signer(signing_key)
+    adapter_export.check_lora_dtype(lora_dtype)
     with progress.verbosity(verbose):
         return _export(
             causal_lm, target, preset, weights, overwrite, golden_prompts,
             golden_max_new_tokens, max_sequence_length, chat_template,
-            allow_unservable, signer, base,
+            allow_unservable, signer, base, lora_dtype,
         )
 
 
 def _export(
     causal_lm, target, preset, weights, overwrite, golden_prompts,
     golden_max_new_tokens, max_sequence_length, chat_template,
-    allow_unservable, signer, base=None,
+    allow_unservable, signer, base=None, lora_dtype=None,
 ):
     if weights not in ("auto",) + fmt.WEIGHT_MODES:
         raise ExportError(
@@ -201,6 +211,7 @@ def _export(
         )
     handle = None if base is not None else _preset_handle(causal_lm, preset)
     as_adapter = adapter_export.wanted(weights, backbone, base, handle)
+    adapter_export.check_lora_dtype_applies(lora_dtype, as_adapter, weights)
     if weights in ("delta", "preset") and handle is None:
         raise ExportError(
             f"weights='{weights}' needs the preset the model came from: pass "
@@ -243,7 +254,8 @@ def _export(
     if as_adapter:
         with progress.phase("collecting LoRA factors") as phase:
             planned = adapter_export.plan(
-                backbone, serialized["backbone"], dtype, target, base, handle
+                backbone, serialized["backbone"], dtype, target, base, handle,
+                lora_dtype,
             )
             phase.advance(len(planned.stored))
         stored, mode = planned.stored, "adapter"
@@ -309,16 +321,18 @@ def _export(
                 encoding="utf-8",
             ) as f:
                 f.write(chat_template)
-        fmt.write_json(
-            os.path.join(tmp, fmt.GOLDEN_FILE),
-            sections.golden(
+        # Recorded with the factors as stored (rounded by `lora_dtype`).
+        with adapter_export.factors_as_stored(
+            backbone, lora_dtype if as_adapter else None
+        ):
+            golden = sections.golden(
                 causal_lm,
                 golden_prompts,
                 golden_max_new_tokens,
                 stop_ids,
                 golden_ref,
-            ),
-        )
+            )
+        fmt.write_json(os.path.join(tmp, fmt.GOLDEN_FILE), golden)
         with progress.phase("writing checksums", unit="bytes") as phase:
             files = fmt.file_table(tmp, on_bytes=phase.advance)
         manifest = fmt.new_manifest(

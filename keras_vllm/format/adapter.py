@@ -15,12 +15,18 @@ keras-vllm artifact (pinned by the SHA-256 of its manifest):
       "kernel": "transformer_layer_0/self_attention/query/kernel",
       "kernel_index": 3, "kernel_shape": [64, 4, 16],
       "rank": 2, "alpha": 2}
-  }
+  },
+  "factor_dtype": "bfloat16"
 }
 ```
 
-Readers of format 1.2 refuse the artifact on `weights.mode` (`"adapter"`
-is not one of their modes), so none loads the base alone.
+`factor_dtype` (optional; absent means float32, Keras' own dtype for the
+factors) is the dtype both factors of every target are stored in. Readers
+of format 1.2 refuse the artifact on `weights.mode` (`"adapter"` is not one
+of their modes), so none loads the base alone; 1.3 readers from before
+`factor_dtype` refuse an artifact that records it (their `adapter` section
+holds exactly `base` and `targets`, and their float32 record of a factor
+differs from the dtype orbax stored), never reading it as float32.
 """
 
 import math
@@ -29,6 +35,8 @@ import re
 from keras_vllm.format.checks import fail
 from keras_vllm.format.checks import is_int
 from keras_vllm.format.checks import is_number
+from keras_vllm.format.names import DEFAULT_LORA_FACTOR_DTYPE
+from keras_vllm.format.names import LORA_FACTOR_DTYPES
 from keras_vllm.format.names import LORA_FACTORS
 from keras_vllm.format.names import MAX_FILES
 from keras_vllm.format.names import MAX_LORA_RANK
@@ -65,13 +73,22 @@ def stored_paths(manifest):
     return paths
 
 
+def factor_dtype(manifest):
+    """The dtype the factors are stored in: `adapter.factor_dtype`, float32
+    when absent (Keras keeps LoRA factors in float32 whatever the model's
+    dtype, and artifacts before the field stored them so)."""
+    return manifest["adapter"].get("factor_dtype", DEFAULT_LORA_FACTOR_DTYPE)
+
+
 def factor_specs(manifest):
-    """`{orbax path: (shape, "float32")}` of the factors (Keras keeps LoRA
-    factors in float32 whatever the model's dtype)."""
+    """`{orbax path: (shape, dtype)}` of the factors, in their stored
+    dtype (`factor_dtype`): the restore checks it against orbax's own
+    record and casts nothing."""
+    dtype = factor_dtype(manifest)
     specs = {}
     for layer, target in manifest["adapter"]["targets"].items():
         for path, shape in zip(factor_paths(layer), factor_shapes(target)):
-            specs[path] = (tuple(shape), "float32")
+            specs[path] = (tuple(shape), dtype)
     return specs
 
 
@@ -153,8 +170,16 @@ def validate(manifest):
         return
     if manifest.get("quantization") is not None:
         _bad("an adapter artifact cannot be quantized.")
-    if not isinstance(adapter, dict) or set(adapter) != {"base", "targets"}:
-        _bad("'adapter' must hold exactly 'base' and 'targets'.")
+    if not isinstance(adapter, dict) or not (
+        {"base", "targets"} <= set(adapter) <= {"base", "targets",
+                                                "factor_dtype"}
+    ):
+        _bad("'adapter' must hold exactly 'base' and 'targets', and "
+             "optionally 'factor_dtype'.")
+    dtype = adapter.get("factor_dtype", DEFAULT_LORA_FACTOR_DTYPE)
+    if not isinstance(dtype, str) or dtype not in LORA_FACTOR_DTYPES:
+        _bad(f"'adapter.factor_dtype' is {str(dtype)[:40]!r}; it must be "
+             f"one of {LORA_FACTOR_DTYPES}.")
     _check_base(manifest, adapter["base"])
     targets = adapter["targets"]
     if not isinstance(targets, dict) or not 0 < len(targets) <= MAX_FILES:

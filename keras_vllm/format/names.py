@@ -34,6 +34,11 @@ WEIGHT_MODES = ("preset", "delta", "full", "adapter")
 # format 1.3) stored beside them as Keras' own `lora_kernel_a`/`_b`.
 LORA_STORAGE = ("merged", "factors")
 LORA_FACTORS = ("lora_kernel_a", "lora_kernel_b")
+# `adapter.factor_dtype`: the dtype the factors are stored in. Absent means
+# float32, the dtype Keras trains them in (exact); bfloat16 and float16
+# halve an adapter's bytes at the cost of rounding them (opt-in at export).
+LORA_FACTOR_DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_LORA_FACTOR_DTYPE = "float32"
 MAX_LORA_RANK = 4096
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 

@@ -157,7 +157,9 @@ def build_adapter_backbone(path, manifest, dtype=None, preset=None,
             fmt.safe_join(path, fmt.WEIGHTS_DIR), {**specs, **factor_specs}
         )
         phase.advance(manifest["weights"]["bytes"])
-    factors = {p: restored[p] for p in factor_specs}
+    # Keras keeps LoRA factors in float32; factors stored in bfloat16 or
+    # float16 (`adapter.factor_dtype`) upcast to it exactly.
+    factors = {p: restored[p].astype(np.float32) for p in factor_specs}
     for variable, value in rebuild.cast_values(variables, restored):
         variable.assign(value)
     targets = manifest["adapter"]["targets"]
