@@ -225,13 +225,39 @@ def _flatten(tree, prefix=""):
     return flat
 
 
+def _save_checkpointer():
+    """An orbax checkpointer that writes the caller's arrays as they are.
+
+    orbax's defaults deep-copy every host array before writing (a guard
+    against concurrent changes; this save is synchronous and the arrays are
+    the export's own) and compress the chunks with zstd. On a 125M-parameter
+    float32 model the two took the export's writing from 1.1 s to 5.9 s and
+    its extra memory from 7 MB to 870 MB (1.75x the weights), for a few
+    percent of size on float weights. Readers need no option either way.
+    """
+    import jax
+    import orbax.checkpoint as ocp
+
+    handlers = ocp.type_handlers
+    registry = handlers.create_type_handler_registry(
+        (np.ndarray, handlers.NumpyHandler(deepcopy_host_arrays=False)),
+        (np.number, handlers.ScalarHandler()),
+        (jax.Array, handlers.get_type_handler(jax.Array)),
+    )
+    return ocp.Checkpointer(
+        ocp.PyTreeCheckpointHandler(
+            type_handler_registry=registry, use_compression=False
+        )
+    )
+
+
 def save_weights(directory, weights):
     """Writes `{path: array}` as an orbax checkpoint at `directory`."""
     import orbax.checkpoint as ocp
 
-    checkpointer = ocp.PyTreeCheckpointer()
+    checkpointer = _save_checkpointer()
     try:
-        checkpointer.save(directory, _nest(weights))
+        checkpointer.save(directory, args=ocp.args.PyTreeSave(_nest(weights)))
     except OSError:
         raise
     except Exception as e:  # orbax/tensorstore wrap I/O errors

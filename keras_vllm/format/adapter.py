@@ -1,4 +1,5 @@
-"""The `adapter` section of a LoRA adapter artifact (format 1.3).
+"""The `adapter` section of a LoRA adapter artifact (format 1.3; 1.4 adds
+`factor_dtype`).
 
 An adapter artifact (`weights.mode == "adapter"`) stores Keras' own LoRA
 factors (`lora_kernel_a`, `lora_kernel_b`) of the layers it targets, plus
@@ -23,8 +24,8 @@ keras-vllm artifact (pinned by the SHA-256 of its manifest):
 `factor_dtype` (optional; absent means float32, Keras' own dtype for the
 factors) is the dtype both factors of every target are stored in. Readers
 of format 1.2 refuse the artifact on `weights.mode` (`"adapter"` is not one
-of their modes), so none loads the base alone; 1.3 readers from before
-`factor_dtype` refuse an artifact that records it (their `adapter` section
+of their modes), so none loads the base alone; 1.3 readers (format 1.4
+added `factor_dtype`) refuse an artifact that records it (their `adapter` section
 holds exactly `base` and `targets`, and their float32 record of a factor
 differs from the dtype orbax stored), never reading it as float32.
 """
