@@ -130,3 +130,22 @@ def test_runs_outside_the_repository(tmp_path):
         )
         assert result.returncode == 0, result.stderr
         assert "--model" in result.stdout and "--quick" in result.stdout
+
+
+def test_export_cost_table(capsys):
+    from keras_vllm.bench import export_cost
+
+    export_cost.main(["--model", "tiny", "--reps", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = {
+        cells[1].strip(): cells[2:5]
+        for cells in (line.split("|") for line in lines)
+        if len(cells) == 6 and cells[1].strip() in export_cost.OPERATIONS
+    }
+    assert sorted(rows) == sorted(export_cost.OPERATIONS)
+    for name, (seconds, ratio, memory) in rows.items():
+        assert float(seconds) > 0 and float(memory) >= 0, (name, seconds)
+        # Each keras-vllm row is compared with the Keras call it replaces.
+        assert ratio.strip().endswith("x") == name.startswith(
+            ("export_vllm", "load_causal_lm")
+        ), (name, ratio)
