@@ -123,17 +123,32 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="medium")
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument(
+        "--operations",
+        default=",".join(OPERATIONS),
+        help="comma-separated subset of " + ",".join(OPERATIONS)
+        + " (load_causal_lm reads export_vllm's artifact)",
+    )
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         result = _operation(*args.worker)
         print("RESULT " + json.dumps(result), flush=True)
         return
+    operations = [n for n in OPERATIONS if n in args.operations.split(",")]
+    unknown = set(args.operations.split(",")) - set(OPERATIONS)
+    if unknown or (
+        "load_causal_lm" in operations and "export_vllm" not in operations
+    ):
+        parser.error(
+            f"--operations: unknown {sorted(unknown)}" if unknown
+            else "--operations: load_causal_lm needs export_vllm"
+        )
     with tempfile.TemporaryDirectory() as workdir:
         params, weight_bytes = _prepare(args.model, workdir)
         best = {}
         for _ in range(args.reps):
-            for name in OPERATIONS:
+            for name in operations:
                 result = _run_operation(name, workdir)
                 if name not in best or result["seconds"] < best[name]["seconds"]:
                     best[name] = result
@@ -144,11 +159,11 @@ def main(argv=None):
     keras = {"export_vllm": "save_to_preset",
              "export_vllm_no_golden": "save_to_preset",
              "load_causal_lm": "from_preset"}
-    for name in OPERATIONS:
+    for name in operations:
         row = best[name]
         ratio = (
             f"{row['seconds'] / best[keras[name]]['seconds']:.2f}x"
-            if name in keras else ""
+            if keras.get(name) in best else ""
         )
         print(f"| {name} | {row['seconds']:.2f} | {ratio} | "
               f"{row['extra_bytes'] / weight_bytes:.2f} |")
