@@ -17,6 +17,7 @@ import keras_vllm
 from keras_vllm import format as fmt
 from keras_vllm import reference
 from keras_vllm import testing
+from keras_vllm.bench.prepare import dir_bytes
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import IntegrityError
@@ -56,8 +57,8 @@ def test_adapter_stores_only_the_factors(exports):
     base = manifest["adapter"]["base"]
     assert base["kind"] == "artifact" and base["path"] == os.path.join("..", "base")
     assert base["manifest_sha256"] == fmt.manifest_hash(exports["base"])
-    adapter_bytes = lora_exports.dir_bytes(exports["paths"]["support"])
-    full_bytes = lora_exports.dir_bytes(exports["full"])
+    adapter_bytes = dir_bytes(exports["paths"]["support"])
+    full_bytes = dir_bytes(exports["full"])
     factor_bytes = weights["bytes"]
     full_weight_bytes = fmt.read_manifest(exports["full"])["weights"]["bytes"]
     print(

@@ -16,6 +16,7 @@ import pytest
 
 import keras_vllm
 from keras_vllm import format as fmt
+from keras_vllm.bench.prepare import dir_bytes
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import ExportError
@@ -24,7 +25,6 @@ from keras_vllm.load import keras_loader
 
 from helpers import lora_exports
 from helpers.lora_exports import RANK
-from helpers.lora_exports import dir_bytes
 from helpers.lora_exports import factors
 from helpers.lora_exports import rounded
 

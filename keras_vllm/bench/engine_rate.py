@@ -1,10 +1,16 @@
-"""What the small benchmarks (`tensor_parallel`, `quantized`, `adapters`)
-share: the prompts, an export, and one engine's start time and output rate.
+"""What the small benchmarks (`tensor_parallel`, `quantized`, `adapters`,
+`warm_start`, `export_cost`) share: the prompts, an export, one engine's
+start time and output rate, and one-shot worker processes.
 """
 
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
+
+_RESULT = "RESULT "
 
 
 def corpus_prompts(count):
@@ -57,3 +63,30 @@ def print_table(args, header, rows):
     print("|" + "---|" * len(header))
     for cells in rows:
         print("| " + " | ".join(cells) + " |")
+
+
+def print_result(result):
+    """Prints a worker's result (a JSON-able dict) where `run_module`
+    finds it, whatever else the worker's libraries print."""
+    print(_RESULT + json.dumps(result), flush=True)
+
+
+def run_module(module, args, env=None, timeout=1800):
+    """Runs `python -m module *args` in a fresh process (the package's
+    module: it runs wherever keras-vllm is installed) and returns the dict
+    its last `print_result` line holds.
+
+    Raises:
+        RuntimeError: the worker failed or printed no result (with the end
+            of its stderr).
+    """
+    out = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    lines = [l for l in out.stdout.splitlines() if l.startswith(_RESULT)]
+    if out.returncode or not lines:
+        raise RuntimeError(
+            f"{module} {' '.join(args)} failed:\n{out.stderr[-3000:]}"
+        )
+    return json.loads(lines[-1][len(_RESULT):])

@@ -17,13 +17,12 @@ weights' bytes. Issue #15's goals: export <= 1.5x `save_to_preset`, load <=
 """
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
+
+from keras_vllm.bench import engine_rate
 
 OPERATIONS = (
     "save_to_preset",
@@ -98,18 +97,6 @@ def _operation(name, workdir):
     return {"seconds": peak.seconds, "extra_bytes": peak.peak - peak.before}
 
 
-def _run_operation(name, workdir):
-    out = subprocess.run(
-        [sys.executable, "-m", __spec__.name, "--worker", name, workdir],
-        capture_output=True,
-        text=True,
-    )
-    lines = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
-    if out.returncode or not lines:
-        raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
-
-
 def _prepare(model_name, workdir):
     from keras_vllm.bench import models
 
@@ -133,7 +120,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.worker:
         result = _operation(*args.worker)
-        print("RESULT " + json.dumps(result), flush=True)
+        engine_rate.print_result(result)
         return
     operations = [n for n in OPERATIONS if n in args.operations.split(",")]
     unknown = set(args.operations.split(",")) - set(OPERATIONS)
@@ -149,7 +136,9 @@ def main(argv=None):
         best = {}
         for _ in range(args.reps):
             for name in operations:
-                result = _run_operation(name, workdir)
+                result = engine_rate.run_module(
+                    "keras_vllm.bench.export_cost", ["--worker", name, workdir]
+                )
                 if name not in best or result["seconds"] < best[name]["seconds"]:
                     best[name] = result
     print(f"\n{args.model}: {params:,} parameters, float32, "

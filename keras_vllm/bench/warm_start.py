@@ -18,12 +18,11 @@ Prints a table: seconds to first token, warm / cold, and the cache's entries.
 """
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
+
+from keras_vllm.bench import engine_rate
 
 
 def _worker(path):
@@ -40,14 +39,11 @@ def _worker(path):
     engine.generate([{"prompt_token_ids": [1, 2, 3, 4]}], params, use_tqdm=False)
     t_first = time.time()
     engine.shutdown()
-    print(
-        "RESULT "
-        + json.dumps(
-            {
-                "first_token_s": t_first - t_spawn,
-                "engine_start_s": t_ready - t_import,
-            }
-        )
+    engine_rate.print_result(
+        {
+            "first_token_s": t_first - t_spawn,
+            "engine_start_s": t_ready - t_import,
+        }
     )
 
 
@@ -60,17 +56,9 @@ def _start(path, cache, threshold):
         env.pop("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", None)
     else:
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = str(threshold)
-    result = subprocess.run(
-        # The module, not a file path: it runs wherever keras-vllm is
-        # installed.
-        [sys.executable, "-m", "keras_vllm.bench.warm_start", "--worker",
-         path],
-        env=env, capture_output=True, text=True, timeout=1800,
+    out = engine_rate.run_module(
+        "keras_vllm.bench.warm_start", ["--worker", path], env=env
     )
-    lines = [l for l in result.stdout.splitlines() if l.startswith("RESULT ")]
-    if result.returncode or not lines:
-        raise RuntimeError(result.stderr[-3000:])
-    out = json.loads(lines[-1][len("RESULT "):])
     out["entries"] = len(os.listdir(cache)) if os.path.isdir(cache) else 0
     return out
 

@@ -322,9 +322,9 @@ def _export(
             ) as f:
                 f.write(chat_template)
         # Recorded with the factors as stored (rounded by `lora_dtype`).
-        with adapter_export.factors_as_stored(
-            backbone, lora_dtype if as_adapter else None
-        ):
+        # (`lora_dtype` is None unless this is an adapter export: checked
+        # by `check_lora_dtype_applies`.)
+        with adapter_export.factors_as_stored(backbone, lora_dtype):
             golden = sections.golden(
                 causal_lm,
                 golden_prompts,

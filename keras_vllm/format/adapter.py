@@ -36,6 +36,7 @@ import re
 from keras_vllm.format.checks import fail
 from keras_vllm.format.checks import is_int
 from keras_vllm.format.checks import is_number
+from keras_vllm.format.checks import is_sha256
 from keras_vllm.format.names import DEFAULT_LORA_FACTOR_DTYPE
 from keras_vllm.format.names import LORA_FACTOR_DTYPES
 from keras_vllm.format.names import LORA_FACTORS
@@ -109,12 +110,7 @@ def _check_base(manifest, base):
     path = base["path"]
     if not isinstance(path, str) or not 0 < len(path) < 4096 or "\x00" in path:
         _bad("'adapter.base.path' must be a non-empty path string.")
-    digest = base["manifest_sha256"]
-    if not (
-        isinstance(digest, str)
-        and len(digest) == 64
-        and all(c in "0123456789abcdef" for c in digest)
-    ):
+    if not is_sha256(base["manifest_sha256"]):
         _bad("'adapter.base.manifest_sha256' must be a hex SHA-256.")
 
 
@@ -177,7 +173,7 @@ def validate(manifest):
     ):
         _bad("'adapter' must hold exactly 'base' and 'targets', and "
              "optionally 'factor_dtype'.")
-    dtype = adapter.get("factor_dtype", DEFAULT_LORA_FACTOR_DTYPE)
+    dtype = factor_dtype(manifest)
     if not isinstance(dtype, str) or dtype not in LORA_FACTOR_DTYPES:
         _bad(f"'adapter.factor_dtype' is {str(dtype)[:40]!r}; it must be "
              f"one of {LORA_FACTOR_DTYPES}.")

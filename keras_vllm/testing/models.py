@@ -284,12 +284,9 @@ def build_tiny_causal_lm(
     """
     _check_family(family)
     keras.utils.set_random_seed(seed)
-    if filled_vocabulary:
-        tokenizer = tokenizers_lib.build_tiny_tokenizer(
-            family, filled_vocabulary, fill=True
-        )
-    else:
-        tokenizer = tokenizers_lib.build_tiny_tokenizer(family)
+    tokenizer = tokenizers_lib.build_tiny_tokenizer(
+        family, filled_vocabulary, fill=bool(filled_vocabulary)
+    )
     config = backbone_config(family, **overrides)
     config.setdefault("vocabulary_size", tokenizer.vocabulary_size())
     if dtype is not None:

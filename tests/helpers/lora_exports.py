@@ -37,14 +37,6 @@ TEXTS = {
 LORA_DTYPES = {"support": None, "legal": "bfloat16"}
 
 
-def dir_bytes(path):
-    return sum(
-        os.path.getsize(os.path.join(d, f))
-        for d, _, files in os.walk(path)
-        for f in files
-    )
-
-
 def adapter_model(texts, steps=8):
     if steps == 8:
         # The fine-tune test_multi_adapter.py serves too (shared).
