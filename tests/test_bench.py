@@ -158,3 +158,20 @@ def test_export_cost_refuses_a_load_without_its_export():
 
     with pytest.raises(SystemExit):
         export_cost.main(["--operations", "load_causal_lm"])
+
+
+def test_kernel_table_times_every_block_setting():
+    pytest.importorskip("tpu_inference")
+    from keras_vllm.bench import kernel
+
+    # Two of the steps, one repetition: `measure` itself checks that every
+    # block setting gives the same outputs before it reports a time.
+    steps = [kernel.STEPS[0], kernel.STEPS[-1]]
+    rows = kernel.measure("tiny", reps=1, steps=steps)
+    assert [row["step"] for row in rows] == [name for name, _ in steps]
+    assert rows[-1]["tokens"] == 1  # the CPU's 1-token bucket
+    text = kernel.table(rows)
+    for label, _ in kernel.SETTINGS:
+        assert label in text
+    for row in rows:
+        assert all(row[label] > 0 for label, _ in kernel.SETTINGS)

@@ -13,6 +13,7 @@ which goes through tpu-inference's real attention interface (on CPU that
 lands on the patched kernel).
 """
 
+import functools
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -140,6 +141,41 @@ def test_trip_counts_are_data_dependent():
     args, _ = _make_batch(rng, BATCHES["mixed"], 4, 2, 32)
     hlo = jax.jit(kernels.ragged_paged_attention).lower(*args).as_text()
     assert hlo.count("stablehlo.while") >= 3
+
+
+@pytest.mark.parametrize("batch,pad_tokens", [
+    ("mixed", 5),     # one-row decodes, blocked prefills
+    ("decode", 0),    # no padding rows past the last token
+    ("prefill", 5),   # a one-token prompt (prefill class) takes one row
+])
+def test_block_sizes_do_not_change_results(batch, pad_tokens):
+    # `q_block` and `single_query_block` only change how the work is
+    # blocked; every setting must give the same result, with an attention
+    # sink, ALiBi slopes, a window and a soft cap all on.
+    rng = np.random.default_rng(7)
+    args, total = _make_batch(rng, BATCHES[batch], 4, 2, 32,
+                              pad_tokens=pad_tokens)
+    sink = jnp.asarray(rng.standard_normal(4), jnp.float32)
+    kwargs = dict(sm_scale=0.2, sliding_window=11, soft_cap=25.0,
+                  alibi_slopes=[0.5, 0.25, 0.125, 0.0625])
+    outs = []
+    for q_block, single in [(8, 8), (1, 1), (32, 1), (3, 2)]:
+        fn = jax.jit(functools.partial(
+            kernels.ragged_paged_attention, q_block=q_block,
+            single_query_block=single, **kwargs))
+        out, cache = fn(*args, sink)
+        np.testing.assert_array_equal(out[total:], 0.0)
+        outs.append((np.asarray(out[:total]), np.asarray(cache)))
+    for out, cache in outs[1:]:
+        np.testing.assert_allclose(out, outs[0][0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(cache, outs[0][1])
+    # Without ALiBi and the sink (which tpu-inference's default-layout
+    # reference lacks), the default setting also equals the reference.
+    del kwargs["alibi_slopes"]
+    ref_out, _ = rpa_kernel.ref_ragged_paged_attention(*args, **kwargs)
+    out, _ = jax.jit(functools.partial(kernels.ragged_paged_attention,
+                                       **kwargs))(*args)
+    np.testing.assert_allclose(out[:total], ref_out, rtol=1e-5, atol=1e-5)
 
 
 def test_tpu_tuning_knobs_are_ignored():

@@ -95,6 +95,12 @@ if __name__ == "__main__":
                                                 temperature=0.0,
                                                 ignore_eos=True))
     print("RESULT " + json.dumps([list(o.outputs[0].token_ids) for o in outs]))
+    # One sequence alone: its decode steps take the CPU's 1-token bucket.
+    solo = llm.generate(prompts[-1:], SamplingParams(
+        max_tokens=int(sys.argv[3]), temperature=0.0, ignore_eos=True))
+    print("SOLO " + json.dumps(list(solo[0].outputs[0].token_ids)))
+    print("BUCKETS " + json.dumps(
+        llm.llm_engine.vllm_config.additional_config.get("compilation_sizes")))
     print("ASYNC " + str(llm.llm_engine.vllm_config.scheduler_config.async_scheduling))
 """
 
@@ -126,7 +132,33 @@ def test_vllm_native_llama_on_cpu_matches_transformers(tmp_path, head_dim):
     result = next(line for line in proc.stdout.splitlines()
                   if line.startswith("RESULT "))
     assert json.loads(result[len("RESULT "):]) == expected, log[-6000:]
+    solo = next(line for line in proc.stdout.splitlines()
+                if line.startswith("SOLO "))
+    assert json.loads(solo[len("SOLO "):]) == expected[-1], log[-6000:]
+    assert "BUCKETS [1]" in proc.stdout
     # vLLM keeps its default async scheduling on the CPU backend, and the
     # greedy tokens above are exact with it.
     assert "ASYNC True" in proc.stdout
     assert "serving with tpu-inference on JAX CPU devices" in log
+
+
+class _Config:
+    def __init__(self, additional_config):
+        self.additional_config = additional_config
+
+
+def test_cpu_engines_get_a_one_token_bucket(monkeypatch):
+    from keras_vllm.cpu import buckets
+
+    monkeypatch.delenv("MIN_TOKEN_BUCKET", raising=False)
+    config = _Config({})
+    assert buckets.add_one_token_bucket(config)
+    assert config.additional_config == {"compilation_sizes": [1]}
+    # The user's own buckets are left as given.
+    config = _Config({"compilation_sizes": [24]})
+    assert not buckets.add_one_token_bucket(config)
+    assert config.additional_config == {"compilation_sizes": [24]}
+    monkeypatch.setenv("MIN_TOKEN_BUCKET", "8")
+    config = _Config({})
+    assert not buckets.add_one_token_bucket(config)
+    assert config.additional_config == {}

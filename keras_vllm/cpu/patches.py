@@ -37,6 +37,7 @@ import logging
 import warnings
 
 from keras_vllm import envs
+from keras_vllm.cpu import buckets
 from keras_vllm.cpu import detect
 from keras_vllm.cpu import memory
 from keras_vllm.cpu import ragged_paged_attention as cpu_rpa
@@ -336,6 +337,8 @@ def _patch_async_scheduling():
             )
         original(cls, vllm_config)
         disable_async_scheduling_if_cpu(vllm_config)
+        if detect.is_cpu_host():
+            buckets.add_one_token_bucket(vllm_config)
 
     check_and_update_config._keras_vllm_patch = True
     TpuPlatform.check_and_update_config = classmethod(check_and_update_config)

@@ -21,12 +21,16 @@ so the bias equals every ALiBi convention that differs from it by one
 sequence `i` is at position `kv_lens[i] - q_len_i + (t - cu_q_lens[i])`.
 
 Cost is proportional to the work actually present: a `fori_loop` visits
-the `distribution[2]` live sequences; each is processed in blocks of
-`_Q_BLOCK` queries, and each query block walks only the KV blocks (about
-`_KV_BLOCK_TOKENS` tokens, whole pages) it can see, with an online (flash)
-softmax. No token's whole context is materialised, and pages past a
-sequence's `kv_len` are never read. The loops are sequential and unfused:
-on TPU this is much slower than the RPA Pallas kernel.
+the `distribution[2]` live sequences; a sequence with one query this step
+(a decode) is attended as one row, any other in blocks of `q_block`
+queries (a `lax.cond` picks, so neither pays for the other's padding).
+Each query block walks only the KV blocks (about `_KV_BLOCK_TOKENS`
+tokens, whole pages) it can see, with an online (flash) softmax. No
+token's whole context is materialised, and pages past a sequence's
+`kv_len` are never read. The loops are sequential and unfused: on TPU this
+is much slower than the RPA Pallas kernel. The block sizes change how the
+work is split, never what a query computes (`keras_vllm.bench.kernel`
+times them).
 """
 
 import functools
@@ -37,9 +41,10 @@ from jax import lax
 from keras_vllm.kernels.kv_cache import split_kv
 from keras_vllm.kernels.kv_cache import write_kv_cache
 
-# Queries handled per inner step. Small, because on CPU a decode step of a
-# sequence (one query) still pays for a whole block.
-_Q_BLOCK = 8
+# Queries handled per inner step of a multi-query (prefill) sequence: large
+# enough that prefill is not loop-bound on CPU (4 x 512 tokens: 8 -> 32
+# halves the layer's time); decodes take a one-row block instead.
+_Q_BLOCK = 32
 # Target number of KV tokens per inner step (rounded to whole pages).
 _KV_BLOCK_TOKENS = 128
 # Finite "minus infinity" for masked logits: (-inf) - (-inf) would be NaN in
@@ -70,6 +75,8 @@ def ragged_paged_attention(
     use_causal_mask=True,
     update_kv_cache=True,
     out_dtype=None,
+    q_block=_Q_BLOCK,
+    single_query_block=1,
 ):
     """Writes new K/V into a paged cache, then attends over it (ragged).
 
@@ -105,6 +112,10 @@ def ragged_paged_attention(
         update_kv_cache: if False, the new keys/values are not written and
             attention reads the cache only (tpu-inference's "KV share").
         out_dtype: output dtype; defaults to the queries' dtype.
+        q_block: queries per inner step of a multi-query sequence (speed
+            only: 32 suits prefill on CPU).
+        single_query_block: rows per inner step of a one-query sequence (a
+            decode; speed only: 1 computes no padding rows).
 
     Returns:
         `(out [T, Hq, D], new_kv_cache)`; rows of padding tokens are zero.
@@ -181,27 +192,41 @@ def ragged_paged_attention(
         sliding_window=sliding_window,
         kv_iota=jnp.arange(kv_block_pages * page_size, dtype=jnp.int32),
     )
-    q_step = functools.partial(
-        _q_block_step,
-        q=_prepare_queries(queries, q_scale, kv_cache.dtype, num_kv_heads),
+    # Room for a full block past the last token, so block reads/writes at
+    # the end never clamp (dynamic_slice would shift them onto earlier rows).
+    pad = max(q_block, single_query_block)
+    q = _prepare_queries(queries, q_scale, kv_cache.dtype, num_kv_heads, pad)
+    q_iota = jnp.arange(q_block, dtype=jnp.int32)
+    single_iota = jnp.arange(single_query_block, dtype=jnp.int32)
+    attend = functools.partial(
+        _attend_block,
+        q=q,
         kv_step=kv_step,
         kv_block=kv_block_pages * page_size,
         sink=sink,
         use_causal_mask=use_causal_mask,
         sliding_window=sliding_window,
-        q_iota=jnp.arange(_Q_BLOCK, dtype=jnp.int32),
     )
 
     def seq_step(seq_idx, out):
         q_start = cu_q_lens[seq_idx]
         q_end = cu_q_lens[seq_idx + 1]
-        num_q_blocks = (q_end - q_start + _Q_BLOCK - 1) // _Q_BLOCK
-        return lax.fori_loop(
-            0, num_q_blocks,
-            functools.partial(q_step, seq_idx=seq_idx, q_start=q_start,
-                              q_end=q_end, kv_len=kv_lens[seq_idx]), out)
 
-    out = jnp.zeros((num_tokens + _Q_BLOCK, num_kv_heads, group, head_dim),
+        def blocks(q_iota, out):
+            size = q_iota.shape[0]
+            return lax.fori_loop(
+                0, (q_end - q_start + size - 1) // size,
+                functools.partial(_q_block_step, attend=attend, q_iota=q_iota,
+                                  seq_idx=seq_idx, q_start=q_start,
+                                  q_end=q_end, kv_len=kv_lens[seq_idx]), out)
+
+        if single_query_block == q_block:
+            return blocks(q_iota, out)
+        return lax.cond(q_end - q_start == 1,
+                        functools.partial(blocks, single_iota),
+                        functools.partial(blocks, q_iota), out)
+
+    out = jnp.zeros((num_tokens + pad, num_kv_heads, group, head_dim),
                     jnp.float32)
     out = lax.fori_loop(0, num_seqs, seq_step, out)[:num_tokens]
     if v_scale is not None:
@@ -210,8 +235,8 @@ def ragged_paged_attention(
                        head_dim).astype(out_dtype), kv_cache
 
 
-def _prepare_queries(queries, q_scale, cache_dtype, num_kv_heads):
-    """`[T, Hq, D]` -> float32 `[T + _Q_BLOCK, Hkv, group, D]`."""
+def _prepare_queries(queries, q_scale, cache_dtype, num_kv_heads, pad):
+    """`[T, Hq, D]` -> float32 `[T + pad, Hkv, group, D]`."""
     q = queries
     if q_scale is not None:
         # As the TPU kernel: quantize q into the cache dtype's range.
@@ -223,29 +248,42 @@ def _prepare_queries(queries, q_scale, cache_dtype, num_kv_heads):
     num_tokens, num_q_heads, head_dim = queries.shape
     q = q.astype(jnp.float32).reshape(num_tokens, num_kv_heads,
                                       num_q_heads // num_kv_heads, head_dim)
-    # Room for a full block past the last token, so block reads/writes at the
-    # end never clamp (dynamic_slice would shift them onto earlier rows).
-    return jnp.pad(q, ((0, _Q_BLOCK), (0, 0), (0, 0), (0, 0)))
+    return jnp.pad(q, ((0, pad), (0, 0), (0, 0), (0, 0)))
 
 
-def _q_block_step(q_blk_idx, out, *, seq_idx, q_start, q_end, kv_len, q,
-                  kv_step, kv_block, sink, use_causal_mask, sliding_window,
-                  q_iota):
-    """Attends one block of `_Q_BLOCK` queries of a sequence; writes `out`."""
+def _q_block_step(q_blk_idx, out, *, attend, q_iota, seq_idx, q_start,
+                  q_end, kv_len):
+    """Attends one block of `len(q_iota)` queries of a sequence into `out`."""
+    q_block = q_iota.shape[0]
+    row0 = q_start + q_blk_idx * q_block
+    o, q_ok = attend(row0=row0, seq_idx=seq_idx, q_start=q_start,
+                     q_end=q_end, kv_len=kv_len, q_iota=q_iota)
+    old = lax.dynamic_slice_in_dim(out, row0, q_block)
+    o = jnp.where(q_ok[:, None, None, None], o, old)
+    return lax.dynamic_update_slice_in_dim(out, o, row0, axis=0)
+
+
+def _attend_block(*, row0, seq_idx, q_start, q_end, kv_len, q_iota, q,
+                  kv_step, kv_block, sink, use_causal_mask, sliding_window):
+    """Attends queries `row0 + q_iota` of one sequence over the KV they see.
+
+    Returns `(o, q_ok)`: their outputs `[len(q_iota), Hkv, group, D]` and
+    which of the rows belong to the sequence.
+    """
     num_kv_heads, group, head_dim = q.shape[1:]
-    row0 = q_start + q_blk_idx * _Q_BLOCK
-    q_blk = lax.dynamic_slice_in_dim(q, row0, _Q_BLOCK)
+    size = q_iota.shape[0]
+    q_blk = lax.dynamic_slice_in_dim(q, row0, size)
     rows = row0 + q_iota
     q_ok = rows < q_end
     q_pos = kv_len - (q_end - q_start) + (rows - q_start)
     # Only KV blocks that some query of this block can see.
-    last_q = jnp.minimum(row0 + _Q_BLOCK, q_end) - 1
+    last_q = jnp.minimum(row0 + size, q_end) - 1
     last_pos = kv_len - (q_end - q_start) + (last_q - q_start)
     kv_hi = jnp.minimum(kv_len, last_pos + 1) if use_causal_mask else kv_len
     kv_lo = 0
     if sliding_window is not None:
         kv_lo = jnp.maximum(q_pos[0] - sliding_window + 1, 0)
-    shape = (_Q_BLOCK, num_kv_heads, group)
+    shape = (size, num_kv_heads, group)
     if sink is not None:
         # The sink is one more softmax column with logit `sink` and a zero
         # value: start the running max at it with a running sum of 1.
@@ -258,10 +296,7 @@ def _q_block_step(q_blk_idx, out, *, seq_idx, q_start, q_end, kv_len, q,
         kv_lo // kv_block, (kv_hi + kv_block - 1) // kv_block,
         functools.partial(kv_step, seq_idx=seq_idx, q_blk=q_blk,
                           q_pos=q_pos, q_ok=q_ok, kv_len=kv_len), init)
-    o = acc / jnp.where(l > 0, l, 1.0)[..., None]
-    old = lax.dynamic_slice_in_dim(out, row0, _Q_BLOCK)
-    o = jnp.where(q_ok[:, None, None, None], o, old)
-    return lax.dynamic_update_slice_in_dim(out, o, row0, axis=0)
+    return acc / jnp.where(l > 0, l, 1.0)[..., None], q_ok
 
 
 def _kv_block_step(kv_idx, carry, *, seq_idx, q_blk, q_pos, q_ok, kv_len,

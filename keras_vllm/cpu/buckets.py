@@ -1,0 +1,44 @@
+"""Token buckets on CPU: a one-sequence decode step computes one row.
+
+tpu-inference pads every step's tokens up to a bucket (powers of two from
+`MIN_TOKEN_BUCKET`, 16 by default, up to `max_num_batched_tokens`) and
+compiles one program per bucket. On a TPU 16 rows cost what one does. On
+CPU they cost 16x the arithmetic of the model: a single sequence's decode
+step on the ~128M-parameter benchmark model took 55.9 ms in the 16-token
+bucket and 42.3 ms with 1-token buckets, against 43 ms for KerasHub's own
+`generate()` (docs/benchmarks.md, "The smallest token bucket").
+
+So on CPU the engine gets one more bucket, of one token (tpu-inference's
+`compilation_sizes`, which joins its bucket list): one more program to
+compile per engine start, not the four of `MIN_TOKEN_BUCKET=1`. Steps of
+2-16 tokens keep the 16-token bucket. A user's own `MIN_TOKEN_BUCKET` or
+`compilation_sizes` is left as given.
+"""
+
+import logging
+import os
+
+logger = logging.getLogger("keras_vllm")
+
+ONE_TOKEN = 1
+
+
+def add_one_token_bucket(vllm_config):
+    """Adds a 1-token bucket to a CPU engine's config, unless the user chose.
+
+    Args:
+        vllm_config: the `VllmConfig` being finalized (on a CPU host).
+
+    Returns:
+        Whether the bucket was added.
+    """
+    if os.environ.get("MIN_TOKEN_BUCKET"):
+        return False
+    additional = getattr(vllm_config, "additional_config", None)
+    if not isinstance(additional, dict):
+        return False
+    if "compilation_sizes" in additional:
+        return False
+    additional["compilation_sizes"] = [ONE_TOKEN]
+    logger.debug("keras-vllm: CPU token buckets start at one token.")
+    return True
