@@ -83,4 +83,7 @@ def test_verbose_shows_everything():
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("[Gloo] Rank 0 is connected") == 2
     result = _run("import keras_vllm, tensorflow", verbose=True)
-    assert "oneDNN custom operations" in result.stderr
+    # TensorFlow's start-up lines reach the terminal. Which ones it prints
+    # depends on the CPU (oneDNN's line only where oneDNN is on), but the
+    # absl preamble comes first on every host.
+    assert _noise(result.stderr), result.stderr[-3000:]
