@@ -198,8 +198,8 @@ def ragged_paged_attention(
     q = _prepare_queries(queries, q_scale, kv_cache.dtype, num_kv_heads, pad)
     q_iota = jnp.arange(q_block, dtype=jnp.int32)
     single_iota = jnp.arange(single_query_block, dtype=jnp.int32)
-    attend = functools.partial(
-        _attend_block,
+    q_step = functools.partial(
+        _q_block_step,
         q=q,
         kv_step=kv_step,
         kv_block=kv_block_pages * page_size,
@@ -216,9 +216,9 @@ def ragged_paged_attention(
             size = q_iota.shape[0]
             return lax.fori_loop(
                 0, (q_end - q_start + size - 1) // size,
-                functools.partial(_q_block_step, attend=attend, q_iota=q_iota,
-                                  seq_idx=seq_idx, q_start=q_start,
-                                  q_end=q_end, kv_len=kv_lens[seq_idx]), out)
+                functools.partial(q_step, q_iota=q_iota, seq_idx=seq_idx,
+                                  q_start=q_start, q_end=q_end,
+                                  kv_len=kv_lens[seq_idx]), out)
 
         if single_query_block == q_block:
             return blocks(q_iota, out)
@@ -251,27 +251,13 @@ def _prepare_queries(queries, q_scale, cache_dtype, num_kv_heads, pad):
     return jnp.pad(q, ((0, pad), (0, 0), (0, 0), (0, 0)))
 
 
-def _q_block_step(q_blk_idx, out, *, attend, q_iota, seq_idx, q_start,
-                  q_end, kv_len):
+def _q_block_step(q_blk_idx, out, *, seq_idx, q_start, q_end, kv_len, q,
+                  kv_step, kv_block, sink, use_causal_mask, sliding_window,
+                  q_iota):
     """Attends one block of `len(q_iota)` queries of a sequence into `out`."""
-    q_block = q_iota.shape[0]
-    row0 = q_start + q_blk_idx * q_block
-    o, q_ok = attend(row0=row0, seq_idx=seq_idx, q_start=q_start,
-                     q_end=q_end, kv_len=kv_len, q_iota=q_iota)
-    old = lax.dynamic_slice_in_dim(out, row0, q_block)
-    o = jnp.where(q_ok[:, None, None, None], o, old)
-    return lax.dynamic_update_slice_in_dim(out, o, row0, axis=0)
-
-
-def _attend_block(*, row0, seq_idx, q_start, q_end, kv_len, q_iota, q,
-                  kv_step, kv_block, sink, use_causal_mask, sliding_window):
-    """Attends queries `row0 + q_iota` of one sequence over the KV they see.
-
-    Returns `(o, q_ok)`: their outputs `[len(q_iota), Hkv, group, D]` and
-    which of the rows belong to the sequence.
-    """
     num_kv_heads, group, head_dim = q.shape[1:]
     size = q_iota.shape[0]
+    row0 = q_start + q_blk_idx * size
     q_blk = lax.dynamic_slice_in_dim(q, row0, size)
     rows = row0 + q_iota
     q_ok = rows < q_end
@@ -296,7 +282,10 @@ def _attend_block(*, row0, seq_idx, q_start, q_end, kv_len, q_iota, q,
         kv_lo // kv_block, (kv_hi + kv_block - 1) // kv_block,
         functools.partial(kv_step, seq_idx=seq_idx, q_blk=q_blk,
                           q_pos=q_pos, q_ok=q_ok, kv_len=kv_len), init)
-    return acc / jnp.where(l > 0, l, 1.0)[..., None], q_ok
+    o = acc / jnp.where(l > 0, l, 1.0)[..., None]
+    old = lax.dynamic_slice_in_dim(out, row0, size)
+    o = jnp.where(q_ok[:, None, None, None], o, old)
+    return lax.dynamic_update_slice_in_dim(out, o, row0, axis=0)
 
 
 def _kv_block_step(kv_idx, carry, *, seq_idx, q_blk, q_pos, q_ok, kv_len,
