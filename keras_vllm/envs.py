@@ -150,6 +150,15 @@ CPU_ASYNC_SCHEDULING = Variable(
     "cpu/patches.py",
     _flag,
 )
+LAZY_WARM_START = Variable(
+    "KERAS_VLLM_LAZY_WARM_START",
+    "1/true/yes/on or 0/false/no/off",
+    True,
+    "0 precompiles every program at each start, also when the compile "
+    "cache holds them all (default: such a start loads them on use).",
+    "load/warm_start.py",
+    _flag,
+)
 VERBOSE = Variable(
     "KERAS_VLLM_VERBOSE",
     "1/true/yes/on or 0/false/no/off",

@@ -1,6 +1,7 @@
 """Warm restarts: a new engine process loads its programs from vLLM's
-persistent compile cache, and never serves an edited artifact with another
-artifact's programs."""
+persistent compile cache (on first use, once a start of the same engine
+configuration precompiled them all), and never serves an edited artifact
+with another artifact's programs."""
 
 import os
 
@@ -13,6 +14,7 @@ from keras_vllm import compile_cache
 from keras_vllm import envs
 from keras_vllm import reference
 from keras_vllm import testing
+from keras_vllm.load import warm_start
 
 _THRESHOLD = "jax_persistent_cache_min_compile_time_secs"
 
@@ -85,10 +87,13 @@ def _served(path, prompts):
 def test_a_warm_start_reuses_programs_and_serves_the_new_weights(
     tmp_path, monkeypatch
 ):
-    """Two engine processes, one after the other, on one fresh cache: the
-    first compiles and writes its programs; the second, on an artifact with
-    other weights, loads them (it writes few new ones) and serves its own
-    model's tokens, not the first one's."""
+    """Two engine processes, one after the other, on one fresh cache, with
+    the product's warm-up: the first precompiles and writes every program,
+    then its warm-start marker; the second, on an artifact with other
+    weights of the same model, finds the marker, skips the precompilation
+    (it does not write the marker again), loads programs as its steps need
+    them (it writes few new ones) and serves its own model's tokens, not the
+    first one's."""
     pytest.importorskip("tpu_inference")
     models, paths = updated_models.exported_pair(tmp_path)
     cache = str(tmp_path / "xla_cache")
@@ -100,12 +105,20 @@ def test_a_warm_start_reuses_programs_and_serves_the_new_weights(
     ):
         monkeypatch.delenv(variable.name, raising=False)
     monkeypatch.setenv("VLLM_XLA_CACHE_PATH", cache)
+    # conftest's `compile_on_demand` skips the warm-up for other engines.
+    monkeypatch.delenv("SKIP_JAX_PRECOMPILE", raising=False)
+    monkeypatch.delenv(envs.LAZY_WARM_START.name, raising=False)
     prompts = testing.prompts()
+    markers = os.path.join(cache, warm_start.MARKER_DIR)
 
     old = _served(paths.old, prompts)
     cold = _entries(cache)
+    (marker,) = os.listdir(markers)
+    written = os.stat(os.path.join(markers, marker)).st_mtime_ns
     new = _served(paths.new, prompts)
     added = _entries(cache) - cold
+    assert os.listdir(markers) == [marker]
+    assert os.stat(os.path.join(markers, marker)).st_mtime_ns == written
 
     def want(model):
         ids = [reference.prompt_token_ids(model, text) for text in prompts]

@@ -20,6 +20,8 @@ import textwrap
 
 import pytest
 
+from keras_vllm.cpu import kv_capacity
+
 pytest.importorskip("tpu_inference")
 pytestmark = [pytest.mark.serving, pytest.mark.slow]
 
@@ -102,6 +104,8 @@ if __name__ == "__main__":
     print("BUCKETS " + json.dumps(
         llm.llm_engine.vllm_config.additional_config.get("compilation_sizes")))
     print("ASYNC " + str(llm.llm_engine.vllm_config.scheduler_config.async_scheduling))
+    cache = llm.llm_engine.vllm_config.cache_config
+    print("BLOCKS " + json.dumps([cache.num_gpu_blocks, cache.block_size]))
 """
 
 
@@ -140,6 +144,12 @@ def test_vllm_native_llama_on_cpu_matches_transformers(tmp_path, head_dim):
     # greedy tokens above are exact with it.
     assert "ASYNC True" in proc.stdout
     assert "serving with tpu-inference on JAX CPU devices" in log
+    # The KV cache holds the engine's 4 sequences of 128 tokens, not the
+    # 0.5 GiB its memory budget would allow (hundreds of blocks).
+    blocks, block_size = json.loads(next(
+        line for line in proc.stdout.splitlines() if line.startswith("BLOCKS ")
+    )[len("BLOCKS "):])
+    assert blocks == kv_capacity.blocks_needed(4, 128, block_size), log[-3000:]
 
 
 class _Config:

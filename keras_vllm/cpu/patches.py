@@ -39,6 +39,7 @@ import warnings
 from keras_vllm import envs
 from keras_vllm.cpu import buckets
 from keras_vllm.cpu import detect
+from keras_vllm.cpu import kv_capacity
 from keras_vllm.cpu import memory
 from keras_vllm.cpu import ragged_paged_attention as cpu_rpa
 from keras_vllm.cpu.rebinding import all_cpu as _all_cpu
@@ -92,6 +93,7 @@ def apply_patches():
         logger.info("keras-vllm: JAX has non-CPU devices; CPU patches skipped.")
         return
     memory.patch_memory_accounting()
+    kv_capacity.patch_kv_capacity()
     _patch_mesh()
     _patch_attention_kernels()
     _patch_compiler_options()

@@ -24,6 +24,7 @@ from keras_vllm.load.adapter_slots import token_slots
 from keras_vllm.load.keras_loader import build_backbone
 from keras_vllm.load.opening import open_verified
 from keras_vllm.load.sharding import shard_backbone
+from keras_vllm.load.warm_start import register_model
 
 logger = logging.getLogger("keras_vllm")
 
@@ -67,6 +68,7 @@ class KerasVllmForCausalLM(nnx.Module):
             )
         self.attention_layers = len(swap_in_paged_layers(backbone))
         self.manifest = manifest
+        register_model(self.vllm_config, manifest)
         self.lora_layers = install_adapter_slots(
             backbone, self.vllm_config.lora_config, self.dtype_name
         )
