@@ -66,6 +66,7 @@ import keras_vllm
 # not start JAX, and the zygote stays single-threaded.
 import keras, keras_hub
 from keras_vllm import format as fmt
+from keras_vllm import reference
 from keras_vllm import weights as weight_io
 from keras_vllm.export import sections, staging
 from keras_vllm.engine_process import jax_started as _jax_started
@@ -113,7 +114,8 @@ def install(point):
         hook(fmt, "write_json", point, "after",
              is_file(fmt.GENERATION_CONFIG_FILE))
     elif point == "golden_running":
-        hook(sections, "golden", point, "during")
+        # Golden outputs are generated in a thread while files are written.
+        hook(reference, "greedy_batch", point, "during")
     elif point == "manifest_written":
         hook(fmt, "write_json", point, "after",
              is_file(fmt.MANIFEST_FILE))

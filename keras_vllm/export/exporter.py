@@ -290,48 +290,24 @@ def _export(
         stored, mode = all_weights, "full"
 
     with staging.staged_directory(target, overwrite) as tmp:
-        serialized["tokenizer"] = sections.tokenizer_section(tokenizer, tmp)
-        if stored:
-            with progress.phase("writing weights", unit="bytes") as phase:
-                weight_io.save_weights(
-                    os.path.join(tmp, fmt.WEIGHTS_DIR), stored
-                )
-                phase.advance(sum(v.nbytes for v in stored.values()))
-        if config is not None:
-            fmt.write_json(
-                os.path.join(tmp, fmt.CONFIG_FILE), config
-            )
-        sampler = serialized["sampler"]
-        gen_config, sampler_mapped = fmt.vllm_files.generation_config(
-            sampler["registered_name"],
-            sampler["config"],
+        # Recorded with the factors as stored (rounded by `lora_dtype`;
+        # None unless this is an adapter export: `check_lora_dtype_applies`),
+        # while the other files are written.
+        recording = sections.golden_alongside(
+            causal_lm,
+            golden_prompts,
+            golden_max_new_tokens,
             stop_ids,
-            getattr(tokenizer, "start_token_id", None),
+            golden_ref,
+            lambda: adapter_export.factors_as_stored(backbone, lora_dtype),
         )
-        fmt.write_json(
-            os.path.join(tmp, fmt.GENERATION_CONFIG_FILE), gen_config
-        )
-        if chat_template is not None:
-            if os.path.isfile(str(chat_template)):
-                with open(chat_template, encoding="utf-8") as f:
-                    chat_template = f.read()
-            with open(
-                os.path.join(tmp, fmt.CHAT_TEMPLATE_FILE),
-                "w",
-                encoding="utf-8",
-            ) as f:
-                f.write(chat_template)
-        # Recorded with the factors as stored (rounded by `lora_dtype`).
-        # (`lora_dtype` is None unless this is an adapter export: checked
-        # by `check_lora_dtype_applies`.)
-        with adapter_export.factors_as_stored(backbone, lora_dtype):
-            golden = sections.golden(
-                causal_lm,
-                golden_prompts,
-                golden_max_new_tokens,
-                stop_ids,
-                golden_ref,
+        with recording as pending_golden:
+            serialized["tokenizer"] = sections.tokenizer_section(tokenizer, tmp)
+            sampler_mapped = _write_files(
+                tmp, stored, config, serialized["sampler"], stop_ids,
+                getattr(tokenizer, "start_token_id", None), chat_template,
             )
+        golden = pending_golden.result()
         fmt.write_json(os.path.join(tmp, fmt.GOLDEN_FILE), golden)
         with progress.phase("writing checksums", unit="bytes") as phase:
             files = fmt.file_table(tmp, on_bytes=phase.advance)
@@ -373,3 +349,31 @@ def _export(
                 signer.sign(tmp)
     logger.info("keras-vllm: exported %s (%s weights)", target, mode)
     return target
+
+
+def _write_files(
+    tmp, stored, config, sampler, stop_ids, start_token_id, chat_template
+):
+    """Writes the weights, vLLM's configs and the chat template into `tmp`.
+
+    Returns:
+        Whether vLLM's generation config maps the Keras sampler.
+    """
+    if stored:
+        with progress.phase("writing weights", unit="bytes") as phase:
+            weight_io.save_weights(os.path.join(tmp, fmt.WEIGHTS_DIR), stored)
+            phase.advance(sum(v.nbytes for v in stored.values()))
+    if config is not None:
+        fmt.write_json(os.path.join(tmp, fmt.CONFIG_FILE), config)
+    gen_config, sampler_mapped = fmt.vllm_files.generation_config(
+        sampler["registered_name"], sampler["config"], stop_ids, start_token_id
+    )
+    fmt.write_json(os.path.join(tmp, fmt.GENERATION_CONFIG_FILE), gen_config)
+    if chat_template is not None:
+        if os.path.isfile(str(chat_template)):
+            with open(chat_template, encoding="utf-8") as f:
+                chat_template = f.read()
+        path = os.path.join(tmp, fmt.CHAT_TEMPLATE_FILE)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(chat_template)
+    return sampler_mapped

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from keras_vllm import format as fmt
+from keras_vllm import reference
 from keras_vllm import testing
 from keras_vllm import weights as weight_io
-from keras_vllm.export import sections
 
 from helpers.trained_models import lora_fine_tune
 from helpers.trained_models import trained
@@ -76,18 +76,19 @@ def exports(tmp_path_factory):
         root / "base", weights="full", **ONE_GOLDEN
     )
     models, paths, exact, at_golden = {}, {}, {}, {}
-    record = sections.golden
+    record = reference.greedy_batch
     for name, texts in TEXTS.items():
         models[name] = adapter_model(texts)
         exact[name] = factors(models[name])
 
         def spy(causal_lm, *args, name=name):
-            # The factors the golden outputs are recorded with.
+            # The factors the golden outputs are recorded with (the export
+            # records them with `reference.greedy_batch`).
             at_golden[name] = factors(causal_lm)
             return record(causal_lm, *args)
 
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(sections, "golden", spy)
+            patch.setattr(reference, "greedy_batch", spy)
             paths[name] = models[name].export_vllm(
                 root / name, base=base, max_sequence_length=256,
                 lora_dtype=LORA_DTYPES[name], **GOLDEN
