@@ -115,7 +115,7 @@ def golden_alongside(
     decodes on the accelerator or the host's other cores) and the block is
     mostly disk writes and hashing (orbax and hashlib release the GIL), so
     they overlap: on the 2-core host the 128M benchmark model's default
-    export went from 5.4 s to 4.0 s (docs/benchmarks.md). The prompts are
+    export went from 5.35 s to 4.38 s (docs/benchmarks.md). The prompts are
     tokenized here first; the thread only generates, with no progress
     lines of its own, and the block's end waits for it under the phase
     "recording golden outputs" (also when the block fails: the thread
