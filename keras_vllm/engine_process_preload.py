@@ -6,9 +6,15 @@ keras-hub, and keras-vllm's model class. Importing them starts no JAX
 runtime, so the fork server can fork engine processes afterwards.
 """
 
-import vllm.v1.engine.core  # noqa: F401
-import vllm.v1.executor.uniproc_executor  # noqa: F401
-import tpu_inference.runner.tpu_runner  # noqa: F401
-import keras_hub  # noqa: F401
+from keras_vllm.cpu import detect
 
-import keras_vllm.load.vllm_model  # noqa: F401
+# The process that starts the fork server has said that the CPU backend is
+# on; the server is a fresh interpreter and would say it again.
+detect.announced_elsewhere()
+
+import vllm.v1.engine.core  # noqa: E402, F401
+import vllm.v1.executor.uniproc_executor  # noqa: E402, F401
+import tpu_inference.runner.tpu_runner  # noqa: E402, F401
+import keras_hub  # noqa: E402, F401
+
+import keras_vllm.load.vllm_model  # noqa: E402, F401

@@ -93,6 +93,13 @@ def _has_local_tpu():
         for path in glob.glob("/dev/accel*"))
 
 
+def announced_elsewhere():
+    """Keeps this process from saying that the CPU backend is on: another
+    process of the same run said it (the engine fork server's parent)."""
+    global _announced
+    _announced = True
+
+
 def platform_class_path():
     """The vLLM platform to use on this host, for a `vllm.platform_plugins`
     entry point.
