@@ -227,7 +227,8 @@ class KerasVllmEngine:
                 # registering here too covers an in-process engine and
                 # editable installs.
                 plugin.register()
-                with engine_process.skips_main():
+                with engine_process.skips_main(), \
+                        engine_process.forks_frozen():
                     llm = vllm.LLM(**kwargs)
         return cls(llm, path, manifest, preset=preset, public_key=public_key,
                    adapters=served)

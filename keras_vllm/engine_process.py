@@ -27,6 +27,7 @@ checks then see.
 """
 
 import contextlib
+import gc
 import logging
 import multiprocessing
 import multiprocessing.context
@@ -201,3 +202,36 @@ def skips_main():
     finally:
         main.__dict__.pop("__spec__", None)
         main.__dict__.update(saved)
+
+
+@contextlib.contextmanager
+def forks_frozen():
+    """Keeps a forked engine process from copying the caller's heap.
+
+    vLLM's engine process collects garbage once when it starts
+    (`freeze_gc_heap`). A forked child shares its parent's memory
+    copy-on-write, and a full collection touches every object the parent
+    ever made (vLLM, torch, TensorFlow, Keras: over a million), so each of
+    their pages is copied: about 4 s of the engine start on a small CPU
+    host, and as much memory. Objects frozen (`gc.freeze`) before the fork
+    are skipped by the child's collections. The caller's objects are
+    unfrozen again afterwards, so its own collections are unchanged.
+
+    Only when vLLM forks the engine process from this one (its default,
+    without a JAX runtime here): an in-process engine freezes the heap
+    itself, and a spawned or fork-server child does not share this heap
+    (the fork server freezes its own, `engine_process_preload`).
+    """
+    forks = (
+        envs.ENABLE_V1_MULTIPROCESSING.get()
+        and envs.WORKER_MULTIPROC_METHOD.raw() in (None, "fork")
+    )
+    if not forks:
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+

@@ -4,6 +4,10 @@ vLLM itself is not started here: a top-level script (no main guard) starts
 JAX, then processes through the context keras-vllm hands vLLM, the way
 vLLM's `CoreEngineProcManager` does. The fork server's preload is emptied
 so the check runs in seconds; engine tests cover the real preload.
+
+A forked engine process shares its caller's (or the fork server's) memory;
+its first full garbage collection must not walk the objects it inherited
+(`engine_process.forks_frozen`, the preload's `gc.freeze()`).
 """
 
 import os
@@ -120,3 +124,84 @@ def test_engine_processes_start_clean_with_the_callers_environment(tmp_path):
     # A variable read at import time changed: spawned instead, and said so.
     assert lines[2] == "SpawnContext 0 1|jax started: False"
     assert "JAX_ENABLE_X64 changed since the engine fork server started" in log
+
+
+_FORK_SCRIPT = textwrap.dedent(
+    """
+    import gc, multiprocessing, os, sys
+    from keras_vllm import engine_process
+
+    inherited = [[i] for i in range(200_000)]  # the caller's objects
+
+    def child(queue):
+        queue.put(gc.get_freeze_count())
+
+    def start():
+        context = multiprocessing.get_context("fork")
+        queue = context.SimpleQueue()
+        before = gc.get_freeze_count()
+        with engine_process.forks_frozen():
+            process = context.Process(target=child, args=(queue,))
+            process.start()
+            during = gc.get_freeze_count()
+        process.join(60)
+        return before, queue.get(), during, gc.get_freeze_count()
+
+    print("MODE", os.environ.get("MODE"), *start(), flush=True)
+    """
+)
+
+
+def _run_fork_script(tmp_path, mode, **variables):
+    script = tmp_path / "fork.py"
+    script.write_text(_FORK_SCRIPT)
+    env = {
+        k: v for k, v in os.environ.items()
+        if k not in ("VLLM_WORKER_MULTIPROC_METHOD",
+                     "VLLM_ENABLE_V1_MULTIPROCESSING")
+    }
+    env.update(variables, MODE=mode)
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True,
+        text=True, timeout=300,
+    )
+    line = [l for l in result.stdout.splitlines() if l.startswith("MODE ")]
+    assert result.returncode == 0 and line, result.stderr[-3000:]
+    return tuple(int(n) for n in line[0].split()[2:])
+
+
+def test_a_forked_engine_process_skips_the_callers_objects(tmp_path):
+    # vLLM's default: the engine process is forked from this one. The
+    # child starts with the caller's objects frozen (its collections skip
+    # them); the caller's own are unfrozen again afterwards.
+    before, child, during, after = _run_fork_script(tmp_path, "fork")
+    assert child >= before + 200_000 and during >= before + 200_000
+    assert after <= before  # (gc.unfreeze() unfreezes everything)
+    # An in-process engine freezes the heap itself (vLLM), and a spawned
+    # engine process shares nothing: left alone.
+    for mode, variables in (
+        ("in-process", {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+        ("spawn", {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}),
+    ):
+        before, _, during, _ = _run_fork_script(tmp_path, mode, **variables)
+        assert during == before, mode
+
+
+def test_the_fork_server_preload_freezes_its_heap_quietly():
+    # The server's children inherit the preloaded modules frozen. Its parent,
+    # which started vLLM, said that the CPU backend is on: the server (a
+    # fresh interpreter) does not say it again.
+    code = (
+        "import gc, keras_vllm.engine_process_preload\n"
+        "print('FROZEN', gc.get_freeze_count())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        timeout=300,
+    )
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    frozen = int(result.stdout.split("FROZEN")[-1])
+    assert frozen > 100_000  # vLLM, tpu-inference and keras-hub's objects
+    assert "serving with tpu-inference on JAX CPU devices" not in (
+        result.stderr
+    )

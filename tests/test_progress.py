@@ -188,17 +188,6 @@ def test_serving_stack_start_up_false_alarms_are_gone_unless_verbose():
     assert all(a in loud for a in alarms), loud[-3000:]
 
 
-def test_the_engine_fork_server_does_not_repeat_the_cpu_notice():
-    # Its parent, which started vLLM, said it already.
-    code = "import keras_vllm.engine_process_preload"
-    stderr = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True,
-        timeout=300,
-    ).stderr
-    assert "Traceback" not in stderr, stderr[-3000:]
-    assert "serving with tpu-inference on JAX CPU devices" not in stderr
-
-
 def test_missing_chat_template_warm_up_is_not_a_warning(caplog):
     from keras_vllm.load.vllm_tokenizer import NoChatTemplateError
 
