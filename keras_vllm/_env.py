@@ -7,26 +7,57 @@ aborts the child).
 """
 
 import os
+import re
 
 from keras_vllm import envs
 from keras_vllm import logs
 
 # Where an NVIDIA driver shows itself (the files JAX checks too).
 _NVIDIA_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia")
+# ROCm's kernel driver node.
+_AMD_DEVICE_FILES = ("/dev/kfd",)
+# Distributions of JAX's GPU plugins (jax-cuda12-plugin, jax-rocm60-pjrt...).
+_JAX_GPU_PLUGIN = re.compile(r"jax[-_.]?(cuda|rocm)\d*[-_.](plugin|pjrt)")
+
+
+def jax_could_use_a_gpu():
+    """Whether JAX could pick a GPU on this host.
+
+    True when a GPU driver's device files exist and a JAX GPU plugin is
+    installed; read from the file system and package metadata, without
+    importing JAX.
+    """
+    files = _NVIDIA_DEVICE_FILES + _AMD_DEVICE_FILES
+    if not any(os.path.exists(path) for path in files):
+        return False
+    from importlib import metadata
+
+    return any(
+        _JAX_GPU_PLUGIN.fullmatch((dist.metadata["Name"] or "").lower())
+        for dist in metadata.distributions()
+    )
 
 
 def configure_environment():
     """Sets the JAX backend and NNX mode unless the user chose otherwise.
 
-    On a host without a TPU it also pins JAX to CPU devices, so that an
-    installed libtpu does not probe for absent hardware on every start.
+    On a host with neither a TPU nor a GPU that JAX could use, it also pins
+    JAX to CPU devices, so that an installed libtpu does not probe for
+    absent hardware on every start. A GPU stays JAX's to pick: a team
+    fine-tuning on one imports keras-vllm for `export_vllm` too (an engine
+    started here on such a host pins JAX to CPU itself,
+    `keras_vllm.cpu.devices.pin_imported_jax_to_cpu`).
     """
     envs.KERAS_BACKEND.setdefault(envs.KERAS_BACKEND.default)
     envs.KERAS_NNX_ENABLED.setdefault(envs.KERAS_NNX_ENABLED.default)
     from keras_vllm.cpu.detect import is_cpu_host
 
-    if is_cpu_host():
-        envs.JAX_PLATFORMS.setdefault("cpu")
+    if is_cpu_host() and not jax_could_use_a_gpu():
+        from keras_vllm.cpu import devices
+
+        # Also a JAX imported before keras-vllm (keras-hub first), which
+        # read no JAX_PLATFORMS, as long as it has not started.
+        devices.pin_imported_jax_to_cpu()
     if not envs.VERBOSE.get():
         quiet_tensorflow()
 

@@ -185,6 +185,8 @@ class KerasVllmEngine:
         """
         from keras_vllm import _env  # noqa: F401
 
+        from keras_vllm.cpu import detect
+        from keras_vllm.cpu import devices
         from keras_vllm.load import keras_loader
         from keras_vllm.load.opening import open_verified
 
@@ -210,6 +212,10 @@ class KerasVllmEngine:
                 kwargs.update(lora_kwargs)
                 preset = _resolve_preset(preset)
                 keras_loader.preflight(path, manifest, preset)
+            if detect.is_cpu_host():
+                # The engine serves on CPU devices, also where this
+                # process imported JAX before JAX_PLATFORMS was set.
+                devices.pin_imported_jax_to_cpu()
             engine_process.choose()
             loud = verbose is True or envs.VERBOSE.get()
             if public_key is not None:

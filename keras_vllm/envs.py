@@ -234,8 +234,8 @@ JAX_PLATFORMS = Variable(
     "JAX_PLATFORMS",
     "JAX's platform list",
     None,
-    "cpu selects the CPU backend, tpu/proxy the TPU; set to cpu on CPU hosts.",
-    "cpu/detect.py, _env.py",
+    "cpu: the CPU backend, tpu/proxy: the TPU; set where JAX has no TPU/GPU.",
+    "cpu/detect.py, cpu/devices.py, _env.py",
 )
 TPU_USING_PATHWAYS = Variable(
     "VLLM_TPU_USING_PATHWAYS",

@@ -33,6 +33,31 @@ def with_device_count(xla_flags, count):
     return " ".join(flags + [f"{_FLAG}={count}"])
 
 
+def pin_imported_jax_to_cpu():
+    """Points an imported JAX that has not started at its CPU devices.
+
+    JAX reads `JAX_PLATFORMS` once, when it is imported. A process that
+    imported JAX before the variable was set (keras-hub imported before
+    keras-vllm, or a GPU host, where keras-vllm leaves JAX's platforms to
+    the user) would start its engine process's JAX on other platforms:
+    libtpu probing for absent TPUs, or a GPU that the CPU backend does not
+    serve on. A started JAX, or platforms the user chose, are left alone.
+    """
+    import sys
+
+    if not envs.jax_platforms():
+        envs.JAX_PLATFORMS.set("cpu")
+    if "jax" not in sys.modules:
+        return
+    import jax
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized() and not (
+        jax.config.jax_platforms
+    ):
+        jax.config.update("jax_platforms", envs.jax_platforms())
+
+
 def _running_cpu_devices():
     """The CPU device count of this process's JAX, or None if not started."""
     import sys
