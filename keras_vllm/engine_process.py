@@ -234,4 +234,3 @@ def forks_frozen():
         yield
     finally:
         gc.unfreeze()
-
