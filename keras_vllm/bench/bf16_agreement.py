@@ -10,10 +10,10 @@ With `--engine`, the bfloat16 side is vLLM serving the artifact
 """
 
 import argparse
-import tempfile
 
 import numpy as np
 
+from keras_vllm.bench import engine_rate
 
 def _teacher_forced_top1(causal_lm, ids):
     from keras_vllm import reference
@@ -65,7 +65,7 @@ def main():
         causal_lm = testing.build_tiny_causal_lm(family)
         testing.fine_tune(causal_lm)
         path = causal_lm.export_vllm(
-            tempfile.mkdtemp() + "/a", golden_prompts=["a"],
+            engine_rate.temporary_directory() + "/a", golden_prompts=["a"],
             max_sequence_length=256,
         )
         sequences = [

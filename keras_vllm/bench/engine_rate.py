@@ -3,8 +3,10 @@
 start time and output rate, and one-shot worker processes.
 """
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,10 +23,18 @@ def corpus_prompts(count):
     return [corpus[i % len(corpus)] for i in range(count)]
 
 
+def temporary_directory(prefix="keras_vllm_bench_"):
+    """A new temporary directory, removed when this process exits (each
+    export here is hundreds of MB, and a host's disk is shared with CI)."""
+    root = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
 def export(causal_lm, name="artifact"):
     """Exports `causal_lm` to a fresh temporary directory (256 positions,
     no golden outputs) and returns the path."""
-    path = os.path.join(tempfile.mkdtemp(), name)
+    path = os.path.join(temporary_directory(), name)
     causal_lm.export_vllm(path, max_sequence_length=256, golden_prompts=[])
     return path
 

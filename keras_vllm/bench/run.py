@@ -6,10 +6,10 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
 
 from keras_vllm.bench import cells as cells_lib
+from keras_vllm.bench import engine_rate
 from keras_vllm.bench import measure
 from keras_vllm.bench import models
 from keras_vllm.bench import report
@@ -85,7 +85,7 @@ def main(argv=None):
             parser.error(f"unknown system {name!r}")
     cells = cells_lib.make_cells(lengths, concs)
     max_model_len = max(lengths) + args.max_tokens
-    workdir = args.workdir or tempfile.mkdtemp(prefix="keras_vllm_bench_")
+    workdir = args.workdir or engine_rate.temporary_directory()
     os.makedirs(workdir, exist_ok=True)
     workdir = os.path.abspath(workdir)
     config = {

@@ -24,7 +24,6 @@ Prints a table: seconds to first token, warm / cold, and the cache's entries.
 
 import argparse
 import os
-import tempfile
 import time
 
 from keras_vllm.bench import engine_rate
@@ -99,7 +98,7 @@ def main():
     if args.worker:
         return _worker(args.worker, args.engine)
 
-    root = tempfile.mkdtemp()
+    root = engine_rate.temporary_directory()
     path = os.path.join(root, "artifact")
     # The throughput benchmark's positions (512-token prompts + 32 new).
     _model(args).export_vllm(path, max_sequence_length=544, golden_prompts=[])
