@@ -184,7 +184,9 @@ class KerasVllmEngine:
             A `KerasVllmEngine`.
         """
         from keras_vllm import _env  # noqa: F401
+        from keras_vllm import serving_imports
 
+        serving_imports.import_keras_hub()
         from keras_vllm.cpu import detect
         from keras_vllm.cpu import devices
         from keras_vllm.load import keras_loader

@@ -17,7 +17,9 @@ detect.announced_elsewhere()
 import vllm.v1.engine.core  # noqa: E402, F401
 import vllm.v1.executor.uniproc_executor  # noqa: E402, F401
 import tpu_inference.runner.tpu_runner  # noqa: E402, F401
-import keras_hub  # noqa: E402, F401
+from keras_vllm import serving_imports  # noqa: E402
+
+serving_imports.import_keras_hub()
 
 import keras_vllm.load.vllm_model  # noqa: E402, F401
 

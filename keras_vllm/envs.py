@@ -219,6 +219,15 @@ ENGINE_START = Variable(
     "engine_process.py",
     _choice("forkserver", "spawn"),
 )
+SERVING_TENSORFLOW = Variable(
+    "KERAS_VLLM_SERVING_TENSORFLOW",
+    "1/true/yes/on or 0/false/no/off",
+    False,
+    "1 lets keras-hub import TensorFlow in serving processes too (default: "
+    "a serving process that imports keras-hub first does it without).",
+    "serving_imports.py",
+    _flag,
+)
 VERIFIED_ARTIFACT = Variable(
     "KERAS_VLLM_VERIFIED_ARTIFACT",
     "set by keras-vllm only (a digest of a verified artifact's file stats)",
@@ -370,15 +379,6 @@ TF_ENABLED_DEVICE_TYPES = Variable(
 
 # Every variable above, in declaration order.
 VARIABLES = tuple(v for v in list(globals().values()) if isinstance(v, Variable))
-
-
-
-
-
-
-
-
-
 
 
 def jax_platforms():

@@ -50,6 +50,10 @@ def register():
 
         apply_patches()
 
+    from keras_vllm import serving_imports
+
+    # Before the model and tokenizer modules below import keras-hub.
+    serving_imports.import_keras_hub()
     from keras_vllm import format as fmt
     from keras_vllm.load import hf_config
 
