@@ -82,6 +82,16 @@ def test_tokenizers_match_those_with_tensorflow_which_stays_importable(tmp_path)
                 tokenizer = keras.saving.deserialize_keras_object(json.load(f))
             tokenizer.load_assets(folder)
             out[family] = _encode_decode(tokenizer)
+        # A class that insists on TensorFlow is refused with the fix.
+        from keras_vllm.errors import ArtifactError
+        from keras_vllm.load import rebuild
+        try:
+            rebuild.construct(
+                keras_hub.models.Gemma3CausalLMPreprocessor,
+                {{"tokenizer": tokenizer}}, "preprocessor",
+            )
+        except ArtifactError as e:
+            out["refusal"] = str(e)
         # The user's own code can still import TensorFlow afterwards.
         import tensorflow as tf
         out["tf"] = int(tf.constant(2) + 3)
@@ -89,6 +99,7 @@ def test_tokenizers_match_those_with_tensorflow_which_stays_importable(tmp_path)
         """
     )
     assert found.pop("tf") == 5
+    assert "KERAS_VLLM_SERVING_TENSORFLOW=1" in found.pop("refusal")
     assert found == json.loads(json.dumps(expected))
 
 

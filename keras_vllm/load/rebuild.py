@@ -10,10 +10,12 @@ from keras_vllm import format as fmt
 from keras_vllm import classes
 from keras_vllm import presets
 from keras_vllm import progress
+from keras_vllm import serving_imports
 from keras_vllm import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.load import quantized
+from keras_vllm.load import uninitialized
 
 
 def role_config(manifest, role):
@@ -39,6 +41,17 @@ def construct(cls, config, role):
         with _safe_mode():
             return cls.from_config(config)
     except Exception as e:  # Keras and keras-hub raise many types
+        if "tensorflow" in str(e).lower() and (
+            serving_imports.imported_without_tensorflow()
+        ):
+            # A class that insists on TensorFlow (Gemma3CausalLMPreprocessor)
+            # in a process that imported keras-hub for serving.
+            raise ArtifactError(
+                f"{cls.__name__} needs TensorFlow, and this process imported "
+                "keras-hub without it to serve. Set "
+                "KERAS_VLLM_SERVING_TENSORFLOW=1, or import keras_hub before "
+                "starting an engine."
+            ) from None
         raise ArtifactError(
             f"The artifact's {role} config does not build a {cls.__name__} "
             f"({type(e).__name__}: {str(e)[:300]}). The manifest was altered "
@@ -74,7 +87,10 @@ def build_model_backbone(path, manifest, dtype=None, preset=None):
     policies = quantized.policy_map(manifest, dtype)
     preset_backbone = None
     if mode == "full":
-        with progress.phase(f"building {cls.__name__}"):
+        # Every variable is stored: none needs its initializer's value
+        # (a quantized build reads its float values while quantizing).
+        with progress.phase(f"building {cls.__name__}"), \
+                uninitialized.values_deferred(policies is None):
             backbone = construct(
                 cls, {**config, "dtype": policies or dtype}, "backbone"
             )
@@ -105,8 +121,7 @@ def build_model_backbone(path, manifest, dtype=None, preset=None):
         quantized.check_rebuilt(backbone, manifest)
         quantized.match_inputs_quantizers(backbone)
     values = stored_values(backbone, path, manifest, dtype)
-    for variable, value in values:
-        variable.assign(value)
+    uninitialized.assign_values(backbone, values)
     if preset_backbone is not None:
         quantized.fill_from_preset(
             backbone, manifest, preset_backbone, {id(v) for v, _ in values}

@@ -1,0 +1,61 @@
+"""A full export's backbone is built without computing initial values.
+
+Its variables get the stored weights as their first values
+(`keras_vllm.load.uninitialized`); the family round trips in test_export
+check the loaded models compute exactly what the exported ones did.
+"""
+
+import numpy as np
+from keras.src.backend.common import global_state
+
+from keras_vllm import testing
+from keras_vllm.load import uninitialized
+
+
+def _pending():
+    return global_state.get_global_attribute("uninitialized_variables") or []
+
+
+def _build(deferred):
+    cls = testing.backbone_class("llama")
+    config = testing.backbone_config("llama", vocabulary_size=64)
+    with uninitialized.values_deferred(deferred):
+        return cls(**config)
+
+
+def _call(backbone):
+    ids = np.asarray([[1, 5, 9, 17]], dtype="int32")
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}
+    return np.asarray(backbone(x))
+
+
+def test_variables_take_the_given_values_as_their_first():
+    reference = _build(deferred=False)
+    backbone = _build(deferred=True)
+    assert all(v._value is None for v in backbone.variables)
+    values = [(v, np.asarray(r.value)) for v, r in
+              zip(backbone.variables, reference.variables)]
+    # The last one is left out: it is initialized by its initializer.
+    uninitialized.assign_values(backbone, values[:-1])
+    for (variable, value) in values[:-1]:
+        np.testing.assert_array_equal(np.asarray(variable.value), value)
+    last = backbone.variables[-1]
+    assert last._value is not None
+    assert tuple(np.asarray(last.value).shape) == tuple(last.shape)
+    assert not any(v is p for v in backbone.variables for p in _pending())
+
+
+def test_a_backbone_given_every_value_computes_as_the_original():
+    reference = _build(deferred=False)
+    backbone = _build(deferred=True)
+    uninitialized.assign_values(
+        backbone,
+        [(v, np.asarray(r.value))
+         for v, r in zip(backbone.variables, reference.variables)],
+    )
+    np.testing.assert_array_equal(_call(backbone), _call(reference))
+
+
+def test_without_deferral_values_are_computed_at_once():
+    backbone = _build(deferred=False)
+    assert all(v._value is not None for v in backbone.variables)
