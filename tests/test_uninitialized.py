@@ -59,3 +59,10 @@ def test_a_backbone_given_every_value_computes_as_the_original():
 def test_without_deferral_values_are_computed_at_once():
     backbone = _build(deferred=False)
     assert all(v._value is not None for v in backbone.variables)
+
+
+def test_a_backbone_whose_load_failed_is_not_kept_alive_by_keras():
+    backbone = _build(deferred=True)
+    assert any(v is p for v in backbone.variables for p in _pending())
+    uninitialized.forget(backbone)
+    assert not any(v is p for v in backbone.variables for p in _pending())

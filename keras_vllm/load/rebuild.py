@@ -120,7 +120,11 @@ def build_model_backbone(path, manifest, dtype=None, preset=None):
     if policies is not None:
         quantized.check_rebuilt(backbone, manifest)
         quantized.match_inputs_quantizers(backbone)
-    values = stored_values(backbone, path, manifest, dtype)
+    try:
+        values = stored_values(backbone, path, manifest, dtype)
+    except BaseException:
+        uninitialized.forget(backbone)
+        raise
     uninitialized.assign_values(backbone, values)
     if preset_backbone is not None:
         quantized.fill_from_preset(

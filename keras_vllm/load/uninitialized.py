@@ -39,8 +39,6 @@ def assign_values(backbone, values):
     value would have); one with a value is assigned. Variables left without
     a value are then initialized by their initializers.
     """
-    from keras.src.backend.common import global_state
-
     try:
         for variable, value in values:
             if _has_value(variable):
@@ -53,14 +51,25 @@ def assign_values(backbone, values):
             if not _has_value(variable):
                 variable._deferred_initialize()
     finally:
-        # Keras keeps the variables built without values, to initialize
-        # them later; those now holding one are dropped from its list.
-        pending = global_state.get_global_attribute("uninitialized_variables")
-        if pending:
-            global_state.set_global_attribute(
-                "uninitialized_variables",
-                [v for v in pending if not _has_value(v)],
-            )
+        _forget([v for v in backbone.variables if _has_value(v)])
+
+
+def forget(backbone):
+    """Drops a backbone that will not be used (its load failed) from
+    Keras' list of variables to initialize, which would keep it alive."""
+    _forget(backbone.variables)
+
+
+def _forget(variables):
+    from keras.src.backend.common import global_state
+
+    pending = global_state.get_global_attribute("uninitialized_variables")
+    if pending:
+        dropped = {id(v) for v in variables}
+        global_state.set_global_attribute(
+            "uninitialized_variables",
+            [v for v in pending if id(v) not in dropped],
+        )
 
 
 def _has_value(variable):
