@@ -66,3 +66,15 @@ def test_a_backbone_whose_load_failed_is_not_kept_alive_by_keras():
     assert any(v is p for v in backbone.variables for p in _pending())
     uninitialized.forget(backbone)
     assert not any(v is p for v in backbone.variables for p in _pending())
+
+
+def test_a_build_that_fails_leaves_no_variables_behind():
+    cls = testing.backbone_class("llama")
+    count = len(_pending())
+    try:
+        with uninitialized.values_deferred():
+            cls(**testing.backbone_config("llama", vocabulary_size=64))
+            raise ValueError("refused")
+    except ValueError:
+        pass
+    assert len(_pending()) == count

@@ -15,6 +15,7 @@ import numpy as np
 
 from keras_vllm.bench import engine_rate
 
+
 def _teacher_forced_top1(causal_lm, ids):
     from keras_vllm import reference
 

@@ -44,8 +44,9 @@ def construct(cls, config, role):
         if "tensorflow" in str(e).lower() and (
             serving_imports.imported_without_tensorflow()
         ):
-            # A class that insists on TensorFlow (Gemma3CausalLMPreprocessor)
-            # in a process that imported keras-hub for serving.
+            # A class that asserts TensorFlow in its constructor (a few
+            # keras-hub preprocessors) in a process that imported keras-hub
+            # for serving.
             raise ArtifactError(
                 f"{cls.__name__} needs TensorFlow, and this process imported "
                 "keras-hub without it to serve. Set "

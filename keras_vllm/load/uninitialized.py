@@ -26,9 +26,19 @@ def values_deferred(enabled=True):
         yield
         return
     import keras
+    from keras.src.backend.common import global_state
 
-    with keras.StatelessScope(initialize_variables=False):
-        yield
+    pending = global_state.get_global_attribute("uninitialized_variables")
+    before = len(pending or [])
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            yield
+    except BaseException:
+        # A build that failed (a refused config) leaves no half-built
+        # variables in Keras' list, which would keep them alive.
+        pending = global_state.get_global_attribute("uninitialized_variables")
+        _forget((pending or [])[before:])
+        raise
 
 
 def assign_values(backbone, values):
