@@ -161,3 +161,35 @@ def test_a_verified_artifact_is_not_hashed_again_by_a_child(exported, tmp_path):
     with open(golden, "w") as f:
         f.write(text.replace("max_new_tokens", "max_new_tokenz"))
     assert _hashes_in_new_process(path, env)[0] == "IntegrityError"
+
+
+def test_weights_are_split_into_data_files_that_read_back(
+    tmp_path, monkeypatch
+):
+    import numpy as np
+
+    from keras_vllm import weights as weight_io
+
+    # 64 KiB files stand in for the 64 MiB ones of a real model: each array
+    # of 96 KiB can't share a file with another, so several files are
+    # written (and in parallel), and reading needs no option.
+    monkeypatch.setattr(weight_io, "_DATA_FILE_BYTES", 64 << 10)
+    rng = np.random.default_rng(0)
+    arrays = {
+        f"layer_{i}/kernel": rng.standard_normal((96, 256)).astype("float32")
+        for i in range(6)
+    }
+    directory = str(tmp_path / "weights")
+    weight_io.save_weights(directory, arrays)
+    data = [
+        os.path.join(root, name)
+        for root, _, names in os.walk(directory)
+        if os.path.basename(root) == "d"
+        for name in names
+    ]
+    assert len(data) >= 3
+    restored = weight_io.restore_weights(
+        directory, {p: (a.shape, a.dtype) for p, a in arrays.items()}
+    )
+    for path, array in arrays.items():
+        np.testing.assert_array_equal(restored[path], array)
