@@ -345,15 +345,22 @@ def dtype_of(name):
     return np.dtype(name)
 
 
-def restore_weights(directory, specs):
+def restore_weights(directory, specs, as_numpy=True):
     """Reads the weights listed in `specs` from an orbax checkpoint.
 
     Args:
         directory: the checkpoint directory.
         specs: `{path: (shape, dtype)}` validated against the backbone.
+        as_numpy: return numpy arrays (host views of the restored buffers)
+            instead of the JAX arrays orbax restored on the CPU device. A
+            model's variables should take the JAX arrays: a JAX array made
+            from a host view aliases memory XLA does not own, so a jitted
+            call that donates it (tpu-inference places a model so) copies
+            it instead (every weight of the 128M benchmark model, ~5 s on
+            the 2-core host, docs/benchmarks.md).
 
     Returns:
-        `{path: numpy array}`.
+        `{path: array}`.
     """
     import jax
     import orbax.checkpoint as ocp
@@ -386,7 +393,7 @@ def restore_weights(directory, specs):
     for path, (shape, dtype) in specs.items():
         if path not in flat:
             raise ArtifactError(f"Weights checkpoint lacks variable '{path}'.")
-        array = np.asarray(flat[path])
+        array = np.asarray(flat[path]) if as_numpy else flat[path]
         if tuple(array.shape) != tuple(shape):
             raise ArtifactError(
                 f"Variable '{path}' has shape {array.shape} in the "

@@ -163,7 +163,9 @@ def stored_values(backbone, path, manifest, dtype=None):
         with progress.phase(
             f"restoring {mode} weights", total=weights["bytes"], unit="bytes"
         ) as phase:
-            restored = weight_io.restore_weights(directory, specs)
+            restored = weight_io.restore_weights(
+                directory, specs, as_numpy=False
+            )
             values = cast_values(variables, restored)
             phase.advance(sum(v.nbytes for _, v in values))
             return values
