@@ -254,11 +254,9 @@ def _save_checkpointer():
     )
 
 
-# orbax's OCDBT layout packs every array into data files of up to this size.
-# Its default (2 GiB) puts a model's weights in one file that tensorstore
-# writes sequentially; 64 MiB files are written in parallel: the 128M
-# benchmark model's weights took 1.4 s instead of 2.8-6.6 s on the 2-core
-# host (docs/benchmarks.md). Readers need no option: the layout is the same.
+# OCDBT data files of at most this size are written in parallel; orbax's
+# default (2 GiB) makes one file, written sequentially (the 128M benchmark
+# model: 1.4 s instead of 2.8-6.6 s, docs/benchmarks.md). Same layout.
 _DATA_FILE_BYTES = 64 << 20
 
 
