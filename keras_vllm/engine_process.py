@@ -90,7 +90,8 @@ class _EngineProcess(multiprocessing.context.ForkServerProcess):
 
     def start(self):
         self._parent_environment = dict(os.environ)
-        super().start()
+        with _main_hidden():
+            super().start()
 
     def run(self):
         os.environ.clear()
@@ -102,19 +103,41 @@ class _EngineContext(multiprocessing.context.ForkServerContext):
     Process = _EngineProcess
 
 
+class _SpawnedEngineProcess(multiprocessing.context.SpawnProcess):
+    """A spawned process that does not re-run the caller's `__main__`."""
+
+    def start(self):
+        with _main_hidden():
+            super().start()
+
+
+class _SpawnContext(multiprocessing.context.SpawnContext):
+    Process = _SpawnedEngineProcess
+
+
 _CONTEXT = _EngineContext()
+_SPAWN_CONTEXT = _SpawnContext()
+# Whether `choose()` switched this process's engine starts to a clean
+# interpreter (the caller's own `VLLM_WORKER_MULTIPROC_METHOD` is kept).
+_chosen = False
 # The environment the fork server started with (None: not started here).
 _server_environment = None
 
 
 def _fork_server_context(original):
-    """vLLM's `get_mp_context`, answering with the fork server when chosen."""
+    """vLLM's `get_mp_context`, answering with a clean start when needed.
+
+    Asked right before vLLM starts a process, so a JAX runtime that started
+    after the engine's arguments were read (or in a plain `vllm.LLM(...)`,
+    where no `from_export` chose first) is still seen.
+    """
 
     def get_mp_context():
+        choose()
         context = original()
-        if context.get_start_method() != "spawn" or not _use_fork_server():
+        if not _chosen or context.get_start_method() != "spawn":
             return context
-        return _CONTEXT
+        return _CONTEXT if _use_fork_server() else _SPAWN_CONTEXT
 
     get_mp_context.keras_vllm_original = original
     return get_mp_context
@@ -152,18 +175,31 @@ def _install():
             module.get_mp_context = _fork_server_context(current)
 
 
+def install():
+    """Makes vLLM's process starts in this process check for JAX first.
+
+    keras-vllm's vLLM plugin calls this in every vLLM process, so that a
+    plain `vllm.LLM(artifact)` in a process that trained a model (a
+    top-level script, a notebook) starts its engine process from a clean
+    interpreter too (`choose()`), instead of forking a JAX runtime, which
+    hangs. Processes without a JAX runtime start theirs as vLLM would.
+    """
+    _install()
+
+
 def choose():
     """Picks how vLLM starts the engine process for an engine made here.
 
     Call before `vllm.LLM(...)`. Nothing changes when this process has no
     JAX runtime (vLLM forks) or `VLLM_WORKER_MULTIPROC_METHOD` is set.
     """
+    global _chosen
     if envs.WORKER_MULTIPROC_METHOD.raw() is not None or not jax_started():
         return
     envs.WORKER_MULTIPROC_METHOD.set("spawn")
+    _chosen = True
     method = envs.ENGINE_START.get()
-    if method == "forkserver":
-        _install()
+    _install()
     logger.info(
         "keras-vllm: JAX is already running in this process, so vLLM's "
         "engine process starts from a clean interpreter (%s) rather than "
@@ -186,8 +222,18 @@ def skips_main():
     are vLLM's), so while it starts, `__main__` is presented as an
     interactive session, which is not re-imported.
     """
+    if envs.WORKER_MULTIPROC_METHOD.raw() != "spawn":
+        yield
+        return
+    with _main_hidden():
+        yield
+
+
+@contextlib.contextmanager
+def _main_hidden():
+    """`__main__` presented as an interactive session (see `skips_main`)."""
     main = sys.modules.get("__main__")
-    if main is None or envs.WORKER_MULTIPROC_METHOD.raw() != "spawn":
+    if main is None:
         yield
         return
     saved = {

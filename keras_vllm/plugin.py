@@ -42,6 +42,11 @@ def register():
     from keras_vllm import compile_cache
 
     compile_cache.cache_every_program()
+    from keras_vllm import engine_process
+
+    # A plain `vllm.LLM(artifact)` in a process running JAX (one that just
+    # trained) must not fork its engine process.
+    engine_process.install()
     _keras_variables_reach_ray_workers()
     from keras_vllm.cpu import detect
 

@@ -26,19 +26,23 @@ _SCRIPT = textwrap.dedent(
     jnp.zeros(1).block_until_ready()  # a live JAX runtime
     assert engine_process.jax_started()
     engine_process._PRELOAD = []
+    engine_process._install = lambda: None  # vLLM's modules: not imported
 
-    def vllm_context():  # what vLLM's get_mp_context() answers with spawn
-        return multiprocessing.get_context(envs.WORKER_MULTIPROC_METHOD.raw())
+    def vllm_context():  # vLLM's get_mp_context(): fork unless told spawn
+        method = envs.WORKER_MULTIPROC_METHOD.raw() or "fork"
+        return multiprocessing.get_context(method)
 
+    # What keras-vllm's plugin installs in vLLM; no `skips_main()` here,
+    # as in a plain `vllm.LLM(...)`: the processes hide `__main__` as
+    # they start.
     get_mp_context = engine_process._fork_server_context(vllm_context)
 
     def start(name):
         context = get_mp_context()
         queue = context.SimpleQueue()
-        with engine_process.skips_main():
-            process = context.Process(
-                target=engine_process_probe, args=(queue, name))
-            process.start()
+        process = context.Process(
+            target=engine_process_probe, args=(queue, name))
+        process.start()
         process.join(60)
         return type(context).__name__, process.exitcode, queue.get()
 
@@ -96,10 +100,6 @@ def test_engine_processes_start_clean_with_the_callers_environment(tmp_path):
     )
     assert chosen.stdout.split()[-1:] == ["spawn"], chosen.stderr[-3000:]
 
-    env_script = (
-        "import os; os.environ['VLLM_WORKER_MULTIPROC_METHOD'] = 'spawn'\n"
-    )
-    script.write_text(env_script + _SCRIPT)
     result = subprocess.run(
         [sys.executable, str(script)],
         cwd=tmp_path,
@@ -122,7 +122,7 @@ def test_engine_processes_start_clean_with_the_callers_environment(tmp_path):
         "_EngineContext 0 set after the fork server started|jax started: False"
     )
     # A variable read at import time changed: spawned instead, and said so.
-    assert lines[2] == "SpawnContext 0 1|jax started: False"
+    assert lines[2] == "_SpawnContext 0 1|jax started: False"
     assert "JAX_ENABLE_X64 changed since the engine fork server started" in log
 
 

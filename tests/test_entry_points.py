@@ -2,10 +2,11 @@
 
 The same user code fine-tunes a tiny model, exports it, starts the real
 engine (vLLM's default multiprocess mode and async scheduling) and
-generates, from four entry points, each a fresh subprocess of this
-interpreter with this test's environment:
+generates, from four entry points (the script twice), each a fresh
+subprocess of this interpreter with this test's environment:
 
-- a plain top-level script (no `if __name__ == "__main__":` guard);
+- a plain top-level script (no `if __name__ == "__main__":` guard), once
+  with `from_export` and once with a plain `vllm.LLM(artifact)`;
 - `python -c`;
 - a test function of the user's own pytest session (none of this
   repository's conftest or pytest settings; this suite's engine tests
@@ -61,6 +62,22 @@ _SERVE = textwrap.dedent(
     """
 )
 
+# The serving cell as a vLLM user writes it: plain `vllm.LLM` on the
+# artifact (keras-vllm's plugin, not `from_export`, sees that this process
+# runs JAX).
+_SERVE_PLAIN_VLLM = textwrap.dedent(
+    """
+    from vllm import LLM
+
+    llm = LLM(model=path, max_num_seqs=8, max_num_batched_tokens=128)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": i} for i in ids], params)
+    got = [list(o.outputs[0].token_ids) for o in outputs]
+    assert len({tuple(w) for w in want}) > 1, want
+    print("EXACT" if got == want else f"MISMATCH {got} != {want}", flush=True)
+    """
+)
+
 # The user's own test file: its one test runs the handoff. The first check
 # makes sure the session is a user's, not this suite's (whose conftest sets
 # the Keras backend and the engines' environment).
@@ -100,10 +117,17 @@ def _run(argv, tmp_path):
     return result.stdout, result.stderr
 
 
-def _script(tmp_path):
+def _script(tmp_path, serve=None):
+    cells = _handoff(tmp_path)
+    if serve is not None:
+        cells[-1] = serve
     script = tmp_path / "handoff.py"
-    script.write_text("".join(_handoff(tmp_path)))
+    script.write_text("".join(cells))
     return _run([sys.executable, str(script)], tmp_path)
+
+
+def _script_plain_vllm(tmp_path):
+    return _script(tmp_path, serve=_SERVE_PLAIN_VLLM)
 
 
 def _python_c(tmp_path):
@@ -179,6 +203,8 @@ def _notebook_kernel(tmp_path):
 
 _ENTRY_POINTS = {
     "unguarded script": _script,
+    # Without the plugin's check, vLLM forks this JAX process: it hangs.
+    "unguarded script, plain vllm.LLM": _script_plain_vllm,
     "python -c": _python_c,
     "pytest": _pytest,
     "notebook kernel": _notebook_kernel,
