@@ -1,7 +1,7 @@
-"""How `KerasVllmEngine` starts vLLM's engine process.
+"""How vLLM's engine process starts from a process that runs JAX.
 
 vLLM forks its engine process by default, and a forked child of a process
-with a live JAX runtime aborts. A process that trained or exported a model
+with a live JAX runtime aborts or hangs. A process that trained or exported a model
 in memory has one, so then the engine process starts from a clean
 interpreter instead, in one of two ways (`KERAS_VLLM_ENGINE_START`):
 
@@ -16,14 +16,17 @@ interpreter instead, in one of two ways (`KERAS_VLLM_ENGINE_START`):
 - `spawn`: a fresh interpreter per engine process.
 
 Both keep the caller's `__main__` from being re-run in the engine process
-(`skips_main`), so a top-level script needs no
+(the processes hide it while they start), so a top-level script needs no
 `if __name__ == "__main__":` guard.
 
 vLLM (pinned 0.32.0) offers only fork and spawn
-(`VLLM_WORKER_MULTIPROC_METHOD`); the fork server is given to it by
-rebinding `get_mp_context` in the modules that start its processes
+(`VLLM_WORKER_MULTIPROC_METHOD`); these are given to it by rebinding
+`get_mp_context` in the modules that start its processes
 (`_VLLM_STARTERS`), while the variable says `spawn`, which vLLM's own
-checks then see.
+checks then see. `KerasVllmEngine.from_export` chooses before it makes its
+`vllm.LLM`; keras-vllm's vLLM plugin installs the rebinding in every vLLM
+process, so a plain `vllm.LLM(artifact)` is asked too, when it starts
+the process.
 """
 
 import contextlib
