@@ -1,8 +1,8 @@
 """How vLLM's engine process starts from a process that runs JAX.
 
 vLLM forks its engine process by default, and a forked child of a process
-with a live JAX runtime aborts or hangs. A process that trained or exported a model
-in memory has one, so then the engine process starts from a clean
+with a live JAX runtime aborts or hangs. A process that trained or exported
+a model in memory has one, so then the engine process starts from a clean
 interpreter instead, in one of two ways (`KERAS_VLLM_ENGINE_START`):
 
 - `forkserver` (the default): Python's fork server, a clean process that
@@ -168,16 +168,6 @@ def _use_fork_server():
     return True
 
 
-def _install():
-    import importlib
-
-    for name in _VLLM_STARTERS:
-        module = importlib.import_module(name)
-        current = module.get_mp_context
-        if not hasattr(current, "keras_vllm_original"):
-            module.get_mp_context = _fork_server_context(current)
-
-
 def install():
     """Makes vLLM's process starts in this process check for JAX first.
 
@@ -187,7 +177,13 @@ def install():
     interpreter too (`choose()`), instead of forking a JAX runtime, which
     hangs. Processes without a JAX runtime start theirs as vLLM would.
     """
-    _install()
+    import importlib
+
+    for name in _VLLM_STARTERS:
+        module = importlib.import_module(name)
+        current = module.get_mp_context
+        if not hasattr(current, "keras_vllm_original"):
+            module.get_mp_context = _fork_server_context(current)
 
 
 def choose():
@@ -202,7 +198,7 @@ def choose():
     envs.WORKER_MULTIPROC_METHOD.set("spawn")
     _chosen = True
     method = envs.ENGINE_START.get()
-    _install()
+    install()
     logger.info(
         "keras-vllm: JAX is already running in this process, so vLLM's "
         "engine process starts from a clean interpreter (%s) rather than "

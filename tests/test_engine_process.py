@@ -26,7 +26,7 @@ _SCRIPT = textwrap.dedent(
     jnp.zeros(1).block_until_ready()  # a live JAX runtime
     assert engine_process.jax_started()
     engine_process._PRELOAD = []
-    engine_process._install = lambda: None  # vLLM's modules: not imported
+    engine_process.install = lambda: None  # vLLM's modules: not imported
 
     def vllm_context():  # vLLM's get_mp_context(): fork unless told spawn
         method = envs.WORKER_MULTIPROC_METHOD.raw() or "fork"
@@ -87,7 +87,7 @@ def test_engine_processes_start_clean_with_the_callers_environment(tmp_path):
         "engine_process.choose()\n"
         "assert envs.WORKER_MULTIPROC_METHOD.raw() is None\n"
         "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()\n"
-        "engine_process._install = lambda: None\n"
+        "engine_process.install = lambda: None\n"
         "engine_process.choose()\n"
         "print(envs.WORKER_MULTIPROC_METHOD.raw())\n"
     )
