@@ -121,7 +121,7 @@ class _SpawnContext(multiprocessing.context.SpawnContext):
 _CONTEXT = _EngineContext()
 _SPAWN_CONTEXT = _SpawnContext()
 # Whether `choose()` switched this process's engine starts to a clean
-# interpreter (the caller's own `VLLM_WORKER_MULTIPROC_METHOD` is kept).
+# interpreter (a caller's own `VLLM_WORKER_MULTIPROC_METHOD=spawn` is kept).
 _chosen = False
 # The environment the fork server started with (None: not started here).
 _server_environment = None
@@ -190,11 +190,21 @@ def choose():
     """Picks how vLLM starts the engine process for an engine made here.
 
     Call before `vllm.LLM(...)`. Nothing changes when this process has no
-    JAX runtime (vLLM forks) or `VLLM_WORKER_MULTIPROC_METHOD` is set.
+    JAX runtime (vLLM forks) or `VLLM_WORKER_MULTIPROC_METHOD` says
+    `spawn`. An explicit `fork` is overridden, with a warning, as vLLM
+    overrides it when CUDA is initialized: a forked JAX runtime hangs.
     """
     global _chosen
-    if envs.WORKER_MULTIPROC_METHOD.raw() is not None or not jax_started():
+    asked = envs.WORKER_MULTIPROC_METHOD.raw()
+    if asked not in (None, "fork") or not jax_started():
         return
+    if asked == "fork":
+        logger.warning(
+            "keras-vllm: VLLM_WORKER_MULTIPROC_METHOD=fork, but JAX is "
+            "already running in this process, and a forked JAX runtime "
+            "hangs; overriding it to 'spawn'. Unset the variable, or start "
+            "the engine before any JAX work, to silence this."
+        )
     envs.WORKER_MULTIPROC_METHOD.set("spawn")
     _chosen = True
     method = envs.ENGINE_START.get()

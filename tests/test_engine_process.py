@@ -126,6 +126,34 @@ def test_engine_processes_start_clean_with_the_callers_environment(tmp_path):
     assert "JAX_ENABLE_X64 changed since the engine fork server started" in log
 
 
+def test_an_explicit_fork_is_overridden_once_jax_runs():
+    # A tutorial's `VLLM_WORKER_MULTIPROC_METHOD=fork` in a process that
+    # trained: vLLM would fork the JAX runtime and hang. Overridden with a
+    # warning, as vLLM does when CUDA is initialized; kept without JAX.
+    env = {
+        k: v for k, v in os.environ.items() if k != "KERAS_VLLM_ENGINE_START"
+    }
+    env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+    code = (
+        "from keras_vllm import engine_process, envs\n"
+        "engine_process.install = lambda: None\n"
+        "engine_process.choose()\n"
+        "print('BEFORE', envs.WORKER_MULTIPROC_METHOD.raw())\n"
+        "import jax.numpy as jnp; jnp.zeros(1).block_until_ready()\n"
+        "engine_process.choose()\n"
+        "print('AFTER', envs.WORKER_MULTIPROC_METHOD.raw())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        timeout=300, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "BEFORE fork" in result.stdout
+    assert "AFTER spawn" in result.stdout
+    assert "VLLM_WORKER_MULTIPROC_METHOD=fork, but JAX" in result.stderr
+    assert result.stderr.count("overriding it to 'spawn'") == 1
+
+
 _FORK_SCRIPT = textwrap.dedent(
     """
     import gc, multiprocessing, os, sys
