@@ -1,10 +1,12 @@
 """Delta exports against Hugging Face-format presets (local transformers
 checkpoints, which keras-hub converts on load).
 
-For each family: `CausalLM.from_preset(dir)`, some weights changed, the
-default `export_vllm(out)` stores a delta pinning the checkpoint's files,
-`load_causal_lm(out)` generates what the model generates, the `preset=`
-override loads from a copy, and an edited safetensors byte is refused.
+For each family keras-hub converts and keras-vllm serves (a tiny checkpoint
+written with `transformers`): `CausalLM.from_preset(dir)`, some weights
+changed, the default `export_vllm(out)` stores a delta pinning the
+checkpoint's files, `load_causal_lm(out)` generates what the model
+generates, the `preset=` override loads from a copy, and an edited
+safetensors byte is refused.
 One family (Llama) is also served through the engine (one engine start).
 """
 

@@ -38,6 +38,10 @@ _DIMENSION_KEYS = (
     "sliding_window",
     "sliding_window_size",
 )
+# A window size is unused while its family's flag turns the window off;
+# transformers then writes 0 (Qwen2-MoE), which keras-hub's converter keeps.
+_WINDOW_KEYS = ("sliding_window", "sliding_window_size")
+_WINDOW_FLAGS = ("use_sliding_window_attention", "use_sliding_window")
 
 # The suffix each role's keras-hub class names end with.
 ROLE_SUFFIX = {
@@ -165,12 +169,18 @@ def _dims(config):
         if key not in config or config[key] is None:
             continue
         value = config[key]
+        if key in _WINDOW_KEYS and value == 0 and _window_off(config):
+            continue
         if not is_int(value) or value <= 0:
             fail(
                 f"Invalid manifest: 'backbone.config.{key}' is {value!r}; "
                 "sizes must be positive integers."
             )
     return {k: config[k] for k in _DIMENSION_KEYS if config.get(k) is not None}
+
+
+def _window_off(config):
+    return any(config.get(flag) is False for flag in _WINDOW_FLAGS)
 
 
 def estimate_parameters(config):

@@ -18,6 +18,12 @@ _TOKENIZERS = {
     "gpt2": ("bpe", "gpt2"),
     "gemma2": ("spm", "gemma"),
     "mistral": ("spm", "llama"),
+    "gemma": ("spm", "gemma"),
+    "gemma3": ("spm", "gemma"),
+    "mixtral": ("spm", "llama"),
+    "qwen3": ("bpe", "qwen"),
+    "qwen_moe": ("bpe", "qwen"),
+    "qwen3_moe": ("bpe", "qwen"),
 }
 FAMILIES = tuple(_TOKENIZERS)
 
@@ -51,7 +57,12 @@ def _write_tokenizer(family, directory):
         directory,
         "tokenizer.json",
         {
-            "model": {"vocab": vocabulary, "merges": merges},
+            # As `tokenizers` >= 0.20 writes them (keras-hub's Qwen3
+            # converters read only this form): pairs, not "a b" strings.
+            "model": {
+                "vocab": vocabulary,
+                "merges": [m.split(" ") for m in merges],
+            },
             "added_tokens": added,
         },
     )
@@ -92,6 +103,32 @@ def _config(family, vocabulary_size):
             **common, head_dim=8, query_pre_attn_scalar=8,
             sliding_window=64,
         )
+    if family == "gemma":
+        return transformers.GemmaConfig(**common, head_dim=8)
+    if family == "gemma3":
+        return transformers.Gemma3TextConfig(
+            **common, head_dim=8, query_pre_attn_scalar=8, sliding_window=64
+        )
+    if family == "mixtral":
+        return transformers.MixtralConfig(
+            **common, num_local_experts=4, num_experts_per_tok=2,
+            sliding_window=None, tie_word_embeddings=False,
+        )
+    if family == "qwen3":
+        return transformers.Qwen3Config(
+            **common, head_dim=8, tie_word_embeddings=True
+        )
+    if family == "qwen_moe":
+        # transformers writes `sliding_window: 0` while the window is off.
+        return transformers.Qwen2MoeConfig(
+            **common, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, shared_expert_intermediate_size=64,
+        )
+    if family == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(
+            **common, head_dim=8, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32,
+        )
     return transformers.GPT2Config(
         vocab_size=vocabulary_size, n_embd=32, n_layer=2, n_head=4,
         n_positions=256,
@@ -120,4 +157,12 @@ def write_checkpoint(family, directory, max_shard_size=None):
     model = transformers.AutoModelForCausalLM.from_config(config)
     kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(directory, safe_serialization=True, **kwargs)
+    if family == "qwen3_moe":
+        # Published Qwen3-MoE configs name the expert count `num_experts`
+        # (keras-hub's converter reads it); transformers 5 writes
+        # `num_local_experts` instead.
+        with open(os.path.join(directory, "config.json")) as f:
+            written = json.load(f)
+        written["num_experts"] = written["num_local_experts"]
+        _write_json(directory, "config.json", written)
     return directory

@@ -209,6 +209,15 @@ def negative_num_layers(d, ctx):
     edits.set_backbone(d, num_layers=-1)
 
 
+@edits.case(ArtifactError, r"'backbone\.config\.sliding_window_size' is 0; sizes must be positive")
+def zero_window_turned_on(d, ctx):
+    # 0 is accepted only while the family's flag turns the window off
+    # (transformers writes it so for Qwen2-MoE).
+    edits.set_backbone(
+        d, sliding_window_size=0, use_sliding_window_attention=True
+    )
+
+
 @edits.case(ArtifactError, r"'backbone\.config\.hidden_dim' is 1000000000000, outside")
 def out_of_range_int(d, ctx):
     edits.edit(d, lambda m: m["backbone"]["config"].update(hidden_dim=10**12))
