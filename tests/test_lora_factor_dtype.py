@@ -59,7 +59,13 @@ def test_bfloat16_factors_halve_the_stored_bytes(exports):
         f"stored weight bytes {legal['weights']['bytes']} vs "
         f"{support['weights']['bytes']} of {full_weight_bytes}"
     )
-    assert legal_bytes < support_bytes
+    # On disk, both adapters are a few percent of the full artifact. They
+    # are not compared with each other: at this size the 3.3 KB the
+    # bfloat16 factors save is below the noise of orbax's OCDBT layout,
+    # which splits small concurrent writes into a varying number of data
+    # files (the same bfloat16 adapter took 27.2-31.9 KB across runs).
+    assert legal_bytes < 0.1 * full_bytes
+    assert support_bytes < 0.1 * full_bytes
 
 
 def test_bfloat16_factors_load_rounded_and_model_is_unchanged(exports):
