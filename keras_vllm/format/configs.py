@@ -169,7 +169,8 @@ def _dims(config):
         if key not in config or config[key] is None:
             continue
         value = config[key]
-        if key in _WINDOW_KEYS and value == 0 and _window_off(config):
+        unused_window = key in _WINDOW_KEYS and _window_off(config)
+        if unused_window and is_int(value) and value == 0:
             continue
         if not is_int(value) or value <= 0:
             fail(
