@@ -193,3 +193,28 @@ def test_weights_are_split_into_data_files_that_read_back(
     )
     for path, array in arrays.items():
         np.testing.assert_array_equal(restored[path], array)
+
+
+@pytest.mark.parametrize(
+    "window, flag, accepted",
+    [
+        (0, False, True),  # transformers' Qwen2-MoE config, window off
+        (0, True, False),
+        (0, None, False),  # no flag: the window is on
+        (False, False, False),
+        (-1, False, False),
+        (16, True, True),
+    ],
+)
+def test_a_zero_window_is_accepted_only_while_it_is_off(window, flag, accepted):
+    from keras_vllm.errors import ArtifactError
+    from keras_vllm.format import configs
+
+    config = {"hidden_dim": 8, "num_layers": 1, "sliding_window_size": window}
+    if flag is not None:
+        config["use_sliding_window_attention"] = flag
+    if accepted:
+        assert configs.estimate_parameters(config) > 0
+    else:
+        with pytest.raises(ArtifactError, match="sizes must be positive"):
+            configs.estimate_parameters(config)
