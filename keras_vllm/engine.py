@@ -1,114 +1,21 @@
 """`KerasVllmEngine`: a vLLM engine over a keras-vllm artifact."""
 
-import contextlib
 import logging
 import os
 import threading
 
 from keras_vllm import engine_adapters
 from keras_vllm import engine_process
+from keras_vllm import engine_settings
 from keras_vllm import engine_updates
 from keras_vllm import envs
 from keras_vllm import format as fmt
 from keras_vllm import logs
 from keras_vllm import progress
-from keras_vllm.errors import ServingError
+# Kept importable from here (tests and scripts use it).
+from keras_vllm.engine_settings import serving_defaults  # noqa: F401
 
 logger = logging.getLogger("keras_vllm")
-
-# vLLM needs room for at least one full sequence; tiny CPU models need far
-# less than vLLM's GPU-oriented defaults.
-_DEFAULT_MAX_NUM_SEQS = 64
-# On a CPU host (tests, laptops) every start compiles one program per token
-# bucket (16 ... max_num_batched_tokens) and request bucket (8 ...
-# max_num_seqs): 6 x 2 programs here instead of 8 x 4 start in well under
-# half the time, and a CPU serves no more requests per step usefully.
-_CPU_MAX_NUM_SEQS = 16
-_CPU_MAX_NUM_BATCHED_TOKENS = 512
-
-
-def serving_defaults(path, manifest, overrides):
-    """The `vllm.LLM` keyword arguments for an artifact, before overrides.
-
-    Raises:
-        ServingError: for settings the artifact cannot serve, before vLLM
-            starts (and before its memory profiling run).
-    """
-    from keras_vllm.cpu import detect
-    from keras_vllm.load import tensor_parallel
-    from keras_vllm.load.worker_extension import WORKER_EXTENSION
-
-    config_path = fmt.safe_join(path, fmt.CONFIG_FILE)
-    if not manifest.get("servable", True) or not os.path.isfile(config_path):
-        raise ServingError(
-            f"'{path}' cannot be served on vLLM: "
-            f"{manifest.get('unservable_reason') or 'it has no config.json'} "
-            "(it was exported with `allow_unservable=True`)."
-        )
-    config = fmt.open_artifact(path, verify=False).read_json(fmt.CONFIG_FILE)
-    max_positions = int(config["max_position_embeddings"])
-    kwargs = {
-        "model": path,
-        "tokenizer": path,
-        "tokenizer_mode": fmt.TOKENIZER_MODE,
-        "dtype": manifest["dtype"],
-        "max_model_len": max_positions,
-        "max_num_seqs": _DEFAULT_MAX_NUM_SEQS,
-        "generation_config": "auto",
-        "seed": 0,
-        # keras-vllm's worker methods (`KerasVllmEngine.weights_layout()`).
-        "worker_extension_cls": WORKER_EXTENSION,
-    }
-    if detect.is_cpu_host():
-        kwargs["max_num_seqs"] = _CPU_MAX_NUM_SEQS
-        kwargs["max_num_batched_tokens"] = _CPU_MAX_NUM_BATCHED_TOKENS
-    kwargs.update(overrides)
-    max_len = kwargs.get("max_model_len")
-    if max_len is not None and int(max_len) > max_positions:
-        raise ServingError(
-            f"max_model_len={max_len} exceeds the {max_positions} positions "
-            f"this model was exported for. Use max_model_len <= "
-            f"{max_positions}, or re-export with a larger "
-            "`max_sequence_length` if the model supports it."
-        )
-    tensor_parallel.check_tensor_parallel(
-        config, kwargs.get("tensor_parallel_size", 1), path
-    )
-    tensor_parallel.check_data_parallel(kwargs.get("data_parallel_size", 1), path)
-    dtype = kwargs.get("dtype")
-    if dtype not in (None, "auto") and str(dtype) not in fmt.SUPPORTED_DTYPES:
-        raise ServingError(
-            f"dtype={dtype!r} cannot serve this artifact; use one of "
-            f"{fmt.SUPPORTED_DTYPES}."
-        )
-    return kwargs
-
-
-def _resolve_preset(preset):
-    from keras_vllm import presets
-
-    preset = preset if preset is not None else envs.PRESET.get()
-    return None if preset is None else presets.resolve_handle(preset)
-
-
-@contextlib.contextmanager
-def _for_engine(settings):
-    """Hands settings to vLLM's engine processes through their variables:
-    the preset override (`load/vllm_model.py` builds the model from it) and
-    the signature policy (every reader there honours it)."""
-    previous = {}
-    for variable, value in settings.items():
-        if value is not None:
-            previous[variable] = variable.raw()
-            variable.set(value)
-    try:
-        yield
-    finally:
-        for variable, value in previous.items():
-            if value is None:
-                os.environ.pop(variable.name, None)
-            else:
-                variable.set(value)
 
 
 class KerasVllmEngine:
@@ -212,7 +119,7 @@ class KerasVllmEngine:
                     engine_kwargs,
                 )
                 kwargs.update(lora_kwargs)
-                preset = _resolve_preset(preset)
+                preset = engine_settings.resolve_preset(preset)
                 keras_loader.preflight(path, manifest, preset)
             if detect.is_cpu_host():
                 # The engine serves on CPU devices, also where this
@@ -222,7 +129,7 @@ class KerasVllmEngine:
             loud = verbose is True or envs.VERBOSE.get()
             if public_key is not None:
                 public_key = os.path.abspath(os.fspath(public_key))
-            with logs.serving_logs(loud), _for_engine(
+            with logs.serving_logs(loud), engine_settings.for_engine(
                 {envs.PRESET: preset, envs.PUBLIC_KEY: public_key}
             ), progress.phase(
                 "starting the vLLM engine (load, compile, warm up)", live=not loud
@@ -386,13 +293,43 @@ class KerasVllmEngine:
         Returns:
             A list of vLLM `RequestOutput`.
         """
+        count = 1 if isinstance(prompts, (str, dict)) else len(prompts)
+        return self._call("generate", prompts, count, sampling_params,
+                          adapter, kwargs)
+
+    def chat(self, messages, sampling_params=None, adapter=None, **kwargs):
+        """Answers conversations with the artifact's chat template; see
+        `vllm.LLM.chat`.
+
+        Example:
+
+        ```python
+        outputs = engine.chat([{"role": "user", "content": "Hi!"}])
+        print(outputs[0].outputs[0].text)
+        ```
+
+        Args:
+            messages: one conversation (a list of `{"role", "content"}`
+                messages) or a list of them.
+            sampling_params: `vllm.SamplingParams`; defaults to the exported
+                model's own sampler.
+            adapter: as in `generate`, one name or one per conversation.
+
+        Returns:
+            A list of vLLM `RequestOutput`, one per conversation.
+        """
+        one = not messages or isinstance(messages[0], dict)
+        count = 1 if one else len(messages)
+        return self._call("chat", messages, count, sampling_params, adapter,
+                          kwargs)
+
+    def _call(self, method, inputs, count, sampling_params, adapter, kwargs):
         with self._lock:
             self._check_running()
             if sampling_params is None:
                 sampling_params = self.llm.get_default_sampling_params()
             if adapter is not None:
                 served = engine_adapters.adapter_set(self)
-                count = 1 if isinstance(prompts, (str, dict)) else len(prompts)
                 kwargs["lora_request"] = served.lora_requests(adapter, count)
-            return self.llm.generate(prompts, sampling_params, **kwargs)
+            return getattr(self.llm, method)(inputs, sampling_params, **kwargs)
 

@@ -162,6 +162,7 @@ def _serve_and_compare(family_exports, runtime=False, **engine_kwargs):
         alone = engine.generate(prompts[:3], params, adapter="legal",
                                 use_tqdm=False)
         if runtime:
+            _chat_routes_adapters(engine, params)
             # Added while serving (another name and id, the same factors):
             # written into a slot when a step first uses it.
             engine.add_adapter("support_v2", family_exports["paths"]["support"])
@@ -182,6 +183,28 @@ def _serve_and_compare(family_exports, runtime=False, **engine_kwargs):
     assert [list(o.outputs[0].token_ids) for o in alone] == (
         family_exports["expected"]["legal"]
     )
+
+
+def _chat_routes_adapters(engine, params):
+    """`engine.chat` renders each conversation with the template and serves
+    it with its own adapter, as `generate` serves the rendered ids."""
+    conversation = [{"role": "user", "content": PROMPTS[0]}]
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    chats = engine.chat([conversation, conversation], params,
+                        adapter=["legal", None], chat_template=template,
+                        use_tqdm=False)
+    assert len(chats) == 2
+    assert chats[0].prompt_token_ids == chats[1].prompt_token_ids
+    tokens = [list(c.outputs[0].token_ids) for c in chats]
+    assert tokens[0] != tokens[1]
+    again = engine.generate(
+        [{"prompt_token_ids": c.prompt_token_ids} for c in chats], params,
+        adapter=["legal", None], use_tqdm=False,
+    )
+    assert [list(o.outputs[0].token_ids) for o in again] == tokens
+    one = engine.chat(conversation, params, adapter="legal",
+                      chat_template=template, use_tqdm=False)
+    assert [list(one[0].outputs[0].token_ids)] == tokens[:1]
 
 
 @pytest.mark.serving
