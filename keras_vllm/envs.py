@@ -228,6 +228,16 @@ SERVING_TENSORFLOW = Variable(
     "serving_imports.py",
     _flag,
 )
+UNAPPLIED_SAMPLING = Variable(
+    "KERAS_VLLM_UNAPPLIED_SAMPLING",
+    "'refuse' or 'ignore'",
+    "refuse",
+    "What a keras-vllm engine does with a request that sets a sampling "
+    "parameter vLLM's TPU backend does not apply (penalties, min_p, "
+    "logit_bias, bad_words): refuse it, or serve it without the parameter.",
+    "sampling_support.py",
+    _choice("refuse", "ignore"),
+)
 VERIFIED_ARTIFACT = Variable(
     "KERAS_VLLM_VERIFIED_ARTIFACT",
     "set by keras-vllm only (a digest of a verified artifact's file stats)",

@@ -67,12 +67,24 @@ def register():
     from keras_vllm.load.vllm_tokenizer import register as register_tokenizer
 
     register_tokenizer()
+    from keras_vllm.load.vllm_tokenizer import grammar
+
+    # Structured outputs (xgrammar) over the artifact's tokenizer.
+    grammar.install()
 
     from tpu_inference.models.common.model_loader import register_model
 
     from keras_vllm.load.vllm_model import KerasVllmForCausalLM
 
     register_model(fmt.ARCHITECTURE, KerasVllmForCausalLM)
+    from keras_vllm import sampling_support
+
+    # Requests setting what the backend would not apply are refused.
+    sampling_support.install()
+    from keras_vllm.load import grammar_rows
+
+    # Each structured request's grammar mask reaches its own batch slot.
+    grammar_rows.install()
     from keras_vllm.load import lora_runner
 
     # Multi-adapter serving (`--enable-lora`) of our model on the runner.

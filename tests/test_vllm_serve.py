@@ -7,7 +7,9 @@ HTTP is `keras-vllm serve`'s test (`test_cli_engine.py`), which runs this
 same `vllm serve` underneath.
 """
 
+import json
 import os
+import re
 import sys
 
 import pytest
@@ -53,6 +55,10 @@ def server(model, tmp_path_factory):
             "--tensor-parallel-size",
             str(TENSOR_PARALLEL_SIZE),
             *engine_shapes.SERVE_ARGS,
+            # Compact JSON: a tiny model would otherwise pad it with
+            # whitespace (allowed by JSON) until max_tokens.
+            "--structured-outputs-config",
+            json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
         ],
         log_path,
         timeout=400,
@@ -137,6 +143,54 @@ def test_chat_completion_uses_the_artifact_template(server, model):
     assert body["choices"][0]["token_ids"] == want
 
 
+def test_structured_outputs_follow_the_schema_and_the_regex(server):
+    """`response_format` JSON schemas and `structured_outputs` regexes
+    constrain decoding over the artifact's own tokenizer (xgrammar)."""
+    url, path = server
+    schema = {
+        "type": "object",
+        "properties": {
+            "answer": {"enum": ["yes", "no"]},
+            "count": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["answer", "count"],
+        "additionalProperties": False,
+    }
+    response = requests.post(
+        url + "/v1/chat/completions",
+        json={
+            "model": path,
+            "messages": [{"role": "user", "content": testing.prompts()[0]}],
+            "max_tokens": 48,
+            "temperature": 0.0,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": schema},
+            },
+        },
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    answer = json.loads(choice["message"]["content"])
+    assert set(answer) == {"answer", "count"}
+    assert answer["answer"] in ("yes", "no") and 0 <= answer["count"] <= 9
+    # 12 prompts in one request: vLLM names them "<id>-0" ... "<id>-11",
+    # which sort out of scheduling order ("-10" < "-2"); each must still
+    # get its own grammar's mask (`load/grammar_rows.py`).
+    pattern = "[a-c]{2,4}-[0-9]"
+    prompts = [testing.corpus()[i % len(testing.corpus())] for i in range(12)]
+    choices = _complete(
+        url, path, prompt=prompts, max_tokens=12, temperature=0.0,
+        structured_outputs={"regex": pattern},
+    )
+    assert len(choices) == len(prompts)
+    for choice in choices:
+        assert choice["finish_reason"] == "stop", choice
+        assert re.fullmatch(pattern, choice["text"]), choice
+
+
 def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
     url, path = server
     for body in (
@@ -148,6 +202,27 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
             url + "/v1/completions", json={"model": path, **body}, timeout=60
         )
         assert 400 <= response.status_code < 500, (body, response.text)
+    assert _complete(url, path, prompt="a", max_tokens=2)
+
+
+def test_sampling_the_backend_would_not_apply_gets_400_naming_it(server):
+    """tpu-inference applies no penalty, min_p, logit_bias or bad_words and
+    stops its engine on allowed_token_ids: each is refused by name, and the
+    server keeps serving."""
+    url, path = server
+    for name, value in (
+        ("repetition_penalty", 1.3),
+        ("presence_penalty", 0.5),
+        ("logit_bias", {"5": 10}),
+        ("allowed_token_ids", [5, 6]),
+    ):
+        response = requests.post(
+            url + "/v1/completions",
+            json={"model": path, "prompt": "a", "max_tokens": 2, name: value},
+            timeout=60,
+        )
+        assert response.status_code == 400, (name, response.text)
+        assert name in response.text
     assert _complete(url, path, prompt="a", max_tokens=2)
 
 

@@ -282,6 +282,30 @@ def test_incremental_detokenization_plain_text(art):
     assert got.strip() == "fox jumps over the lazy dog"
 
 
+def test_special_tokens_kept_without_spaces_between_them(art):
+    """`skip_special_tokens=False, spaces_between_special_tokens=False`
+    keeps the special tokens, joined without spaces; the special tokens are
+    also what the tokenizer reports as added (`added_tokens_decoder`)."""
+    from vllm import SamplingParams
+    from vllm.v1.engine.detokenizer import IncrementalDetokenizer
+
+    tok = art.tokenizer
+    request = _request(tok.encode("the quick"), False)
+    request.sampling_params = SamplingParams(
+        max_tokens=100, skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+    )
+    detok = IncrementalDetokenizer.from_new_request(tok, request)
+    out = tok.encode(" fox", add_special_tokens=False) + [tok.eos_token_id] * 2
+    detok.update(out, stop_terminated=False)
+    text = detok.get_next_output_text(finished=True, delta=False)
+    assert "fox" in text
+    assert set(tok.get_added_tokens_decoder()) == set(tok.all_special_ids)
+    if tok.vocabulary_kind == "byte_level_bpe":
+        # SentencePiece decodes its control tokens to nothing.
+        assert text.endswith(tok.eos_token * 2)
+
+
 # ---------------------------------------------------------------------------
 # Chat templates
 # ---------------------------------------------------------------------------

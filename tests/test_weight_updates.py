@@ -5,7 +5,10 @@ the only mode in which a live Keras model can be handed over), on the tiny
 llama's artifact. The new weights are the same model fine-tuned further on
 other token sequences, exported to a second directory. Exports go through
 the same worker method in vLLM's default multiprocess mode (plain values
-over `collective_rpc`); only the live-model path needs this process.
+over `collective_rpc`); only the live-model path needs this process. The
+same engine also shows two request checks that need an engine but no
+update (refused sampling parameters, structured outputs over a
+SentencePiece tokenizer).
 """
 
 import logging
@@ -287,3 +290,43 @@ def test_live_model_needs_an_in_process_engine(setup):
     )
     with pytest.raises(ServingError, match="export_vllm"):
         engine_updates.live_model_values(engine, setup.new)
+
+
+def test_sampling_the_backend_would_not_apply_is_refused(setup):
+    """Not about updates: the module's engine shows `generate` refusing what
+    tpu-inference would ignore or die on (`sampling_support.py`), then
+    serving on."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    prompt = testing.prompts()[:1]
+    for name, value in (("frequency_penalty", 0.7), ("allowed_token_ids", [3])):
+        params = SamplingParams(max_tokens=4, **{name: value})
+        with pytest.raises(VLLMValidationError, match=name):
+            setup.engine.generate(prompt, params, use_tqdm=False)
+    assert all(len(ids) == NEW_TOKENS for ids in _served(setup.engine))
+
+
+def test_structured_outputs_over_a_sentence_piece_tokenizer(setup):
+    """Not about updates either: choices and regexes constrain `generate`
+    over the artifact's SentencePiece tokenizer (xgrammar)."""
+    import re
+
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    prompts = testing.prompts()[:3]
+    options = ["yes", "no", "maybe so"]
+    pattern = "[a-c]{2,4}-[0-9]"
+    for constraint, check in (
+        (StructuredOutputsParams(choice=options), lambda t: t in options),
+        (StructuredOutputsParams(regex=pattern),
+         lambda t: re.fullmatch(pattern, t)),
+    ):
+        params = SamplingParams(
+            temperature=0.0, max_tokens=12, structured_outputs=constraint
+        )
+        for output in setup.engine.generate(prompts, params, use_tqdm=False):
+            text = output.outputs[0].text
+            assert check(text), text
+            assert output.outputs[0].finish_reason == "stop"

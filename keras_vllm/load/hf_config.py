@@ -22,3 +22,9 @@ def register():
     from transformers import AutoConfig
 
     AutoConfig.register(fmt.MODEL_TYPE, KerasVllmConfig, exist_ok=True)
+
+
+def serves_artifact(model_config):
+    """Whether a vLLM `ModelConfig` is a keras-vllm artifact's."""
+    hf_config = getattr(model_config, "hf_config", None)
+    return getattr(hf_config, "model_type", None) == fmt.MODEL_TYPE

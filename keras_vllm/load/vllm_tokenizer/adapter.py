@@ -220,6 +220,31 @@ class KerasVllmTokenizer(ChatTemplateMethods, TokenizerLike):
     def get_vocab(self):
         return dict(self._vocab.token_to_id)
 
+    @property
+    def vocabulary_kind(self):
+        """How pieces encode text: `vocabulary.KIND_BPE` (GPT-2's byte
+        alphabet), `KIND_SPM` (SentencePiece) or `KIND_OTHER`."""
+        return self._vocab.kind
+
+    @property
+    def stop_token_ids(self):
+        """The ids that end a generation (the artifact's stop tokens)."""
+        return self._special.stop_ids
+
+    @property
+    def added_tokens_decoder(self):
+        """`{id: AddedToken}` of the special tokens, as in HF tokenizers
+        (vLLM keeps them out of structured outputs' JSON grammars)."""
+        from tokenizers import AddedToken
+
+        return {
+            i: AddedToken(self._vocab.token(i), special=True)
+            for i in self._special.sorted_ids
+        }
+
+    def get_added_tokens_decoder(self):
+        return self.added_tokens_decoder
+
     def get_added_vocab(self):
         """Empty: a KerasHub vocabulary is one fixed table, nothing is added."""
         return {}

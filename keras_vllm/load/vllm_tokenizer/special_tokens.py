@@ -39,6 +39,10 @@ class SpecialTokens:
             self.bos_id is not None
         )
         self.eos_id = stops[0] if stops else end
+        # What ends a generation (structured outputs' grammars end there).
+        self.stop_ids = tuple(stops) if stops else (
+            (end,) if end is not None else ()
+        )
         self.pad_id = _optional_int(section.get("pad_token_id"))
 
         special = set(stops)
