@@ -13,14 +13,17 @@ are drawn:
 - `allowed_token_ids` stops the engine (a `TypeError` in tpu-inference's
   `InputBatch.add_request` kills the engine core, and with it every
   request in flight and the server).
+- a per-request `seed` of a sampled request is refused by tpu-inference
+  (its platform's `validate_request`), where `vllm serve` turns the error
+  into a 500 with an empty message.
 
 So a request to an engine serving a keras-vllm artifact that sets one of
 them is refused before it reaches the engine, as tpu-inference refuses a
 per-request seed: a `VLLMValidationError` that names the parameter
 (`vllm serve` answers 400 and keeps serving; `KerasVllmEngine.generate`
 raises it). `KERAS_VLLM_UNAPPLIED_SAMPLING=ignore` serves the first group
-anyway, unapplied, with a warning per parameter; `allowed_token_ids` is
-always refused. Requests to other models are left as vLLM handles them.
+anyway, unapplied, with a warning per parameter; `allowed_token_ids` and
+`seed` are always refused. Requests to other models are left as vLLM handles them.
 
 Patched: `InputProcessor._validate_params` (vLLM 0.32.0), where vLLM
 checks a request's parameters against the served model's config.
@@ -80,6 +83,17 @@ def check(params, greedy=None):
                 "request would stop the engine. Leave it unset.",
                 parameter=name,
             )
+    if params.seed is not None and not greedy:
+        # tpu-inference refuses it too, but later, where `vllm serve`
+        # answers 500 with an empty message.
+        raise VLLMValidationError(
+            f"seed={params.seed!r} is not supported by vLLM's TPU backend "
+            "(tpu-inference), which serves this keras-vllm model: it draws "
+            "every request from the engine's own seed (the engine's `seed`). "
+            "Leave it unset.",
+            parameter="seed",
+            value=params.seed,
+        )
     ignore = envs.UNAPPLIED_SAMPLING.get() == "ignore"
     for name, neutral in UNAPPLIED:
         value = getattr(params, name, None)

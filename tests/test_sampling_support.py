@@ -115,3 +115,11 @@ def test_install_wraps_vllm_once_and_leaves_other_models_alone(monkeypatch):
     plain = SamplingParams(temperature=0.7)
     assert wrapped(_processor(fmt.MODEL_TYPE), plain, ()) == "vllm's result"
     assert len(checked) == 3
+
+
+def test_a_seed_is_refused_unless_the_request_is_greedy(monkeypatch):
+    monkeypatch.setenv(envs.UNAPPLIED_SAMPLING.name, "ignore")
+    sampling_support.check(SamplingParams(temperature=0.0, seed=3))
+    with pytest.raises(VLLMValidationError) as info:
+        sampling_support.check(SamplingParams(temperature=0.7, seed=3))
+    assert info.value.parameter == "seed"

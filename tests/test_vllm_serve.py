@@ -206,19 +206,21 @@ def test_bad_requests_get_4xx_and_the_server_keeps_serving(server):
 
 
 def test_sampling_the_backend_would_not_apply_gets_400_naming_it(server):
-    """tpu-inference applies no penalty, min_p, logit_bias or bad_words and
-    stops its engine on allowed_token_ids: each is refused by name, and the
-    server keeps serving."""
+    """tpu-inference applies no penalty, min_p, logit_bias or bad_words,
+    stops its engine on allowed_token_ids and answers a seed with a bare
+    500: each is refused by name, and the server keeps serving."""
     url, path = server
     for name, value in (
         ("repetition_penalty", 1.3),
         ("presence_penalty", 0.5),
         ("logit_bias", {"5": 10}),
         ("allowed_token_ids", [5, 6]),
+        ("seed", 3),
     ):
         response = requests.post(
             url + "/v1/completions",
-            json={"model": path, "prompt": "a", "max_tokens": 2, name: value},
+            json={"model": path, "prompt": "a", "max_tokens": 2,
+                  "temperature": 0.8, name: value},
             timeout=60,
         )
         assert response.status_code == 400, (name, response.text)
