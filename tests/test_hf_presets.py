@@ -89,6 +89,43 @@ def _expected_pins(directory):
     return {n: fmt.sha256_file(os.path.join(directory, n)) for n in names}
 
 
+def _stored_template(artifact):
+    from keras_vllm.load.vllm_tokenizer import chat
+
+    return chat.read_template(artifact)
+
+
+def test_the_checkpoint_chat_template_serves_chat(checkpoint_root, tmp_path):
+    """The stored template renders chats through the artifact's tokenizer
+    (what `/v1/chat/completions` uses); `chat_template=False` stores none
+    and a caller's template wins."""
+    import keras_hub
+
+    from keras_vllm.load.vllm_tokenizer import KerasVllmTokenizer
+
+    directory = _checkpoint(checkpoint_root, "llama")
+    causal_lm = keras_hub.models.CausalLM.from_preset(directory)
+    out = causal_lm.export_vllm(
+        str(tmp_path / "out"), max_sequence_length=64, golden_prompts=[]
+    )
+    tokenizer = KerasVllmTokenizer.from_pretrained(out)
+    messages = [{"role": "user", "content": " hi there "}]
+    text = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    assert text == f"{tokenizer.bos_token}[user] hi there\n[assistant]"
+    none = causal_lm.export_vllm(
+        str(tmp_path / "none"), max_sequence_length=64, golden_prompts=[],
+        chat_template=False,
+    )
+    assert _stored_template(none) is None
+    own = causal_lm.export_vllm(
+        str(tmp_path / "own"), max_sequence_length=64, golden_prompts=[],
+        chat_template="{{ messages[0]['content'] }}",
+    )
+    assert _stored_template(own) == "{{ messages[0]['content'] }}"
+
+
 @pytest.mark.parametrize("family", hf_checkpoints.FAMILIES)
 def test_delta_export_from_hf_checkpoint(family, checkpoint_root, tmp_path):
     import keras_vllm
@@ -111,6 +148,9 @@ def test_delta_export_from_hf_checkpoint(family, checkpoint_root, tmp_path):
     loaded = keras_vllm.load_causal_lm(out, verbose=False)
     assert _same_weights(loaded, causal_lm)
     assert _greedy(loaded) == _greedy(causal_lm)
+
+    # An instruction-tuned checkpoint's chat template comes along.
+    assert _stored_template(out) == hf_checkpoints.CHAT_TEMPLATES.get(family)
 
     # The offline-host story: a copy of the checkpoint, passed as preset=
     # (built for one family: the check is the same for all).

@@ -12,6 +12,7 @@ from keras_vllm import weights as weight_io
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.export import adapter as adapter_export
+from keras_vllm.export import chat_templates
 from keras_vllm.export import delta
 from keras_vllm.export import quantized
 from keras_vllm.export import sections
@@ -132,7 +133,10 @@ def export_vllm(
         max_sequence_length: longest sequence to serve; defaults to the
             backbone's declared maximum, else the preprocessor's length.
         chat_template: a Jinja chat template (text, or a path to a file)
-            stored for `/v1/chat/completions`.
+            stored for `/v1/chat/completions`. Defaults to the preset's
+            own when the model came from a Hugging Face checkpoint that
+            has one (`chat_template.jinja` or `tokenizer_config.json`);
+            `False` stores none.
         allow_unservable: export a backbone whose attention keras-vllm
             cannot serve on vLLM (for Keras-side use only). By default such
             a model is refused, naming the attention class.
@@ -210,6 +214,7 @@ def _export(
             "base, not both."
         )
     handle = None if base is not None else _preset_handle(causal_lm, preset)
+    chat_template = chat_templates.resolve(chat_template, handle)
     as_adapter = adapter_export.wanted(weights, backbone, base, handle)
     adapter_export.check_lora_dtype_applies(lora_dtype, as_adapter, weights)
     if weights in ("delta", "preset") and handle is None:
@@ -370,9 +375,6 @@ def _write_files(
     )
     fmt.write_json(os.path.join(tmp, fmt.GENERATION_CONFIG_FILE), gen_config)
     if chat_template is not None:
-        if os.path.isfile(str(chat_template)):
-            with open(chat_template, encoding="utf-8") as f:
-                chat_template = f.read()
         path = os.path.join(tmp, fmt.CHAT_TEMPLATE_FILE)
         with open(path, "w", encoding="utf-8") as f:
             f.write(chat_template)

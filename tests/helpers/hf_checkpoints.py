@@ -33,6 +33,50 @@ def _write_json(directory, name, value):
         json.dump(value, f)
 
 
+# The chat templates instruction-tuned checkpoints carry, in the three places
+# transformers has written them: `tokenizer_config.json` (a string, or named
+# templates) and `chat_template.jinja`.
+CHAT_TEMPLATES = {
+    "llama": (
+        "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] "
+        "{{ m['content'] | trim }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    ),
+    "qwen2": (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+        "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    "gemma2": (
+        "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+        "{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+    ),
+}
+
+
+def _write_chat_template(family, directory):
+    template = CHAT_TEMPLATES.get(family)
+    if family == "qwen2":
+        with open(os.path.join(directory, "chat_template.jinja"), "w") as f:
+            f.write(template)
+        return
+    config_path = os.path.join(directory, "tokenizer_config.json")
+    config = {}
+    if os.path.exists(config_path):
+        with open(config_path) as f:
+            config = json.load(f)
+    if family == "llama":
+        config["chat_template"] = template
+    elif family == "gemma2":
+        config["chat_template"] = [
+            {"name": "tool_use", "template": "{{ 'tools' }}"},
+            {"name": "default", "template": template},
+        ]
+    else:
+        return
+    _write_json(directory, "tokenizer_config.json", config)
+
+
 def _write_tokenizer(family, directory):
     """Writes the tokenizer files; returns the vocabulary size."""
     kind, layout = _TOKENIZERS[family]
@@ -157,6 +201,7 @@ def write_checkpoint(family, directory, max_shard_size=None):
     model = transformers.AutoModelForCausalLM.from_config(config)
     kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(directory, safe_serialization=True, **kwargs)
+    _write_chat_template(family, directory)
     if family == "qwen3_moe":
         # Published Qwen3-MoE configs name the expert count `num_experts`
         # (keras-hub's converter reads it); transformers 5 writes
