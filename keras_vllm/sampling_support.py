@@ -12,18 +12,19 @@ are drawn:
   (vLLM's GPU backend applies them all), without a word;
 - `allowed_token_ids` stops the engine (a `TypeError` in tpu-inference's
   `InputBatch.add_request` kills the engine core, and with it every
-  request in flight and the server).
+  request in flight and the server);
 - a per-request `seed` of a sampled request is refused by tpu-inference
   (its platform's `validate_request`), where `vllm serve` turns the error
   into a 500 with an empty message.
 
 So a request to an engine serving a keras-vllm artifact that sets one of
-them is refused before it reaches the engine, as tpu-inference refuses a
-per-request seed: a `VLLMValidationError` that names the parameter
+them is refused before it reaches the engine, with a
+`VLLMValidationError` that names the parameter
 (`vllm serve` answers 400 and keeps serving; `KerasVllmEngine.generate`
 raises it). `KERAS_VLLM_UNAPPLIED_SAMPLING=ignore` serves the first group
 anyway, unapplied, with a warning per parameter; `allowed_token_ids` and
-`seed` are always refused. Requests to other models are left as vLLM handles them.
+`seed` are always refused. Requests to other models are left as vLLM
+handles them.
 
 Patched: `InputProcessor._validate_params` (vLLM 0.32.0), where vLLM
 checks a request's parameters against the served model's config.
@@ -69,7 +70,6 @@ def check(params, greedy=None):
         vllm.exceptions.VLLMValidationError: names the first such field.
     """
     from vllm.exceptions import VLLMValidationError
-
     from vllm.sampling_params import SamplingType
 
     if greedy is None:
