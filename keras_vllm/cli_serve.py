@@ -91,9 +91,9 @@ def use_preset(path, preset):
     process (through `KERAS_VLLM_PRESET`)."""
     from keras_vllm import format as fmt
     from keras_vllm import presets
-    from keras_vllm.engine import _resolve_preset
+    from keras_vllm.engine_settings import resolve_preset
 
-    preset = _resolve_preset(preset)
+    preset = resolve_preset(preset)
     recorded = fmt.open_artifact(path).manifest.get("preset")
     if recorded is not None and recorded["files"]:
         presets.check_available(preset, sorted(recorded["files"]))

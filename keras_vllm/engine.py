@@ -163,7 +163,14 @@ class KerasVllmEngine:
             return
         engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if engine_core is not None and hasattr(engine_core, "shutdown"):
-            engine_core.shutdown()
+            import psutil
+
+            try:
+                engine_core.shutdown()
+            except psutil.NoSuchProcess:
+                # vLLM lists the engine process's children while it exits
+                # (`kill_process_tree`); gone is what shutdown wants.
+                pass
 
     def __enter__(self):
         return self
