@@ -85,6 +85,10 @@ def register():
 
     # Each structured request's grammar mask reaches its own batch slot.
     grammar_rows.install()
+    from keras_vllm.load import resumed_tokens
+
+    # A request back from preemption continues from its real tokens.
+    resumed_tokens.install()
     from keras_vllm.load import lora_runner
 
     # Multi-adapter serving (`--enable-lora`) of our model on the runner.
