@@ -39,6 +39,20 @@ def default_stop_token_ids(tokenizer):
     return stops
 
 
+def pads_with_stop_token(tokenizer, stop_token_ids):
+    """Whether `generate()` stops before its first token on this tokenizer.
+
+    keras-hub's preprocessor pads a prompt with the tokenizer's
+    `pad_token_id` up to the generation length, and its sampler stops a row
+    as soon as a position after the prompt holds a stop id, including the
+    padding not yet generated. A tokenizer whose pad id is also an end
+    token (a vocabulary trained with its special tokens first, where
+    keras-hub pads with id 0) makes `generate()` return the prompt alone.
+    """
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return pad is not None and int(pad) in set(stop_token_ids or ())
+
+
 def greedy_continuation(causal_lm, token_ids, max_new_tokens, stop_token_ids):
     """Greedy new token ids after `token_ids`, as `generate()` computes them.
 
@@ -138,7 +152,14 @@ def greedy_batch(
     if name == "forward_pass":
         # Same rounding as `greedy_by_forward_pass`: one shape per 64.
         length = -(-length // 64) * 64
-    padded = np.zeros((len(prompts), length), dtype="int32")
+    # Positions after a prompt hold a filler until generated. keras-hub's
+    # sampler stops a row once any unmasked position holds a stop id, so
+    # the filler must not be one: with 0 (what keras-hub pads with) among
+    # the stop ids, `generate()` would stop before its first token (see
+    # `pads_with_stop_token`).
+    filler = next(i for i in range(len(stop_token_ids or ()) + 1)
+                  if i not in (stop_token_ids or ()))
+    padded = np.full((len(prompts), length), filler, dtype="int32")
     mask = np.zeros((len(prompts), length), dtype="bool")
     for row, ids in enumerate(prompts):
         padded[row, : len(ids)] = ids

@@ -223,6 +223,14 @@ def _export(
             "`preset=` (a handle or a local preset directory)."
         )
     stop_ids = reference.default_stop_token_ids(tokenizer)
+    if golden_prompts and reference.pads_with_stop_token(tokenizer, stop_ids):
+        logger.warning(
+            "keras-vllm: this model's generate() stops before its first "
+            "token: its tokenizer pads with id %s, which is also an end "
+            "token, and keras-hub's sampler stops on padding. vLLM serves "
+            "it normally; golden outputs are recorded as generate() runs "
+            "with other padding.", tokenizer.pad_token_id,
+        )
     max_len = _max_sequence_length(causal_lm, max_sequence_length)
     # The conformance gate: fails before any file is written when an
     # attention layer has no paged subclass.

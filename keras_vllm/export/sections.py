@@ -63,6 +63,9 @@ def tokenizer_section(tokenizer, directory):
     os.makedirs(assets)
     tokenizer.save_assets(assets)
     section = serialize(tokenizer, "tokenizer")
+    section["config"] = fmt.tokenizer_args.completed_config(
+        tokenizer, section["config"]
+    )
     fmt.write_json(
         os.path.join(directory, fmt.TOKENIZER_CONFIG_FILE), section
     )
@@ -79,6 +82,7 @@ def tokenizer_section(tokenizer, directory):
         probes.append(
             {"text": text, "ids": ids, "decoded": tokenizer.detokenize(ids)}
         )
+    _check_rebuilds(tokenizer, section["config"], assets, probes)
     section.update(
         {
             "fingerprint": fingerprint,
@@ -90,6 +94,42 @@ def tokenizer_section(tokenizer, directory):
         }
     )
     return section
+
+
+def _special_token_ids(tokenizer):
+    attrs = getattr(tokenizer, "_special_token_attrs", None) or ()
+    return {
+        getattr(tokenizer, a): getattr(tokenizer, f"{a}_id", None)
+        for a in attrs
+    }
+
+
+def _check_rebuilds(tokenizer, config, assets, probes):
+    """Refuses a tokenizer that its stored config and assets would not
+    rebuild (the artifact could not serve it): the same special tokens
+    with the same ids, the same ids for every probe."""
+    cls = type(tokenizer)
+    try:
+        rebuilt = cls.from_config(
+            fmt.tokenizer_args.constructor_config(cls.__name__, config)
+        )
+        rebuilt.load_assets(assets)
+        problem = None
+        if _special_token_ids(rebuilt) != _special_token_ids(tokenizer):
+            problem = "its special tokens differ"
+        for probe in probes:
+            got = np.asarray(rebuilt.tokenize(probe["text"])).reshape(-1)
+            if [int(i) for i in got] != probe["ids"]:
+                problem = f"it tokenizes {probe['text']!r} differently"
+    except Exception as e:  # tokenizer libraries raise many types
+        problem = f"{type(e).__name__}: {str(e)[:200]}"
+    if problem is not None:
+        raise UnsupportedModelError(
+            f"The {cls.__name__} does not rebuild from its config and assets "
+            f"({problem}): it was built with constructor arguments its "
+            "get_config() does not return, so a served artifact would not "
+            "have this tokenizer. Nothing was written."
+        )
 
 
 def _maybe_int(obj, attr):

@@ -13,6 +13,8 @@ than a bound it checked first.
   allowed keys.
 - `quantization`: the quantized layers' policy names (format 1.2).
 - `configs`: bounds and allowlists of the Keras configs a manifest carries.
+- `tokenizer_args`: tokenizer constructor arguments `get_config()` omits
+  (format 1.5).
 - `checksums`: the files are exactly those listed, bit for bit.
 - `consistency`: the files agree with each other and with the manifest.
 - `opened`: `open_artifact()`, an `Artifact` parsed once per process.
@@ -30,6 +32,7 @@ print(opened.manifest["weights"]["mode"])
 
 from keras_vllm.format import adapter
 from keras_vllm.format import quantization
+from keras_vllm.format import tokenizer_args
 from keras_vllm.format.checksums import manifest_hash
 from keras_vllm.format.checksums import verify_files
 from keras_vllm.format.consistency import validate_artifact

@@ -64,6 +64,7 @@ def load_tokenizer(path, manifest=None):
         )
     fmt.references.check_asset_fields(config, "tokenizer.config")
     check_config_keys(cls, config, "tokenizer")
+    config = fmt.tokenizer_args.constructor_config(cls.__name__, config)
     tokenizer = rebuild.construct(cls, config, "tokenizer")
     try:
         # Outside safe mode: keras-hub's `load_assets` passes the assets'
