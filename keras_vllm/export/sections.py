@@ -126,9 +126,13 @@ def _check_rebuilds(tokenizer, config, assets, probes):
     if problem is not None:
         raise UnsupportedModelError(
             f"The {cls.__name__} does not rebuild from its config and assets "
-            f"({problem}): it was built with constructor arguments its "
-            "get_config() does not return, so a served artifact would not "
-            "have this tokenizer. Nothing was written."
+            f"({problem}), so the artifact would serve another tokenizer; "
+            "nothing was written. It was likely built with constructor "
+            "arguments its get_config() does not return, which keras-vllm "
+            "stores only for "
+            f"{', '.join(sorted(fmt.tokenizer_args.EXTRA_ARGUMENTS))}: "
+            "please report the class, or export a model whose tokenizer "
+            "comes from a KerasHub preset."
         )
 
 
