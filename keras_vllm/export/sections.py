@@ -97,10 +97,9 @@ def tokenizer_section(tokenizer, directory):
 
 
 def _special_token_ids(tokenizer):
-    attrs = getattr(tokenizer, "_special_token_attrs", None) or ()
     return {
-        getattr(tokenizer, a): getattr(tokenizer, f"{a}_id", None)
-        for a in attrs
+        token: getattr(tokenizer, f"{attr}_id", None)
+        for attr, token in fmt.tokenizer_args.special_tokens(tokenizer).items()
     }
 
 
@@ -119,7 +118,7 @@ def _check_rebuilds(tokenizer, config, assets, probes):
             problem = "its special tokens differ"
         for probe in probes:
             got = np.asarray(rebuilt.tokenize(probe["text"])).reshape(-1)
-            if [int(i) for i in got] != probe["ids"]:
+            if problem is None and [int(i) for i in got] != probe["ids"]:
                 problem = f"it tokenizes {probe['text']!r} differently"
     except Exception as e:  # tokenizer libraries raise many types
         problem = f"{type(e).__name__}: {str(e)[:200]}"

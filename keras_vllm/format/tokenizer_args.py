@@ -27,11 +27,11 @@ _MAX_TOKENS = 4096
 _MAX_TOKEN_CHARS = 256
 
 
-def _special_tokens(tokenizer, prefix):
+def special_tokens(tokenizer):
+    """A KerasHub tokenizer's special tokens, `{attribute: token}` (those
+    its constructor registered with `_add_special_token`)."""
     attrs = getattr(tokenizer, "_special_token_attrs", None) or ()
-    return sorted(
-        getattr(tokenizer, a) for a in attrs if a.startswith(prefix)
-    )
+    return {a: getattr(tokenizer, a) for a in attrs}
 
 
 def _llama3_read(tokenizer):
@@ -39,7 +39,11 @@ def _llama3_read(tokenizer):
         "bos_token": tokenizer.start_token,
         "eos_token": tokenizer.end_token,
         # Stored sorted: the constructor takes a set.
-        "misc_special_tokens": _special_tokens(tokenizer, "special_token_"),
+        "misc_special_tokens": sorted(
+            token
+            for attr, token in special_tokens(tokenizer).items()
+            if attr.startswith("special_token_")
+        ),
     }
 
 
