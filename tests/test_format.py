@@ -8,6 +8,7 @@ import pytest
 
 import keras_vllm
 from keras_vllm import format as fmt
+from keras_vllm.errors import ArtifactError
 
 from helpers.trained_models import trained
 
@@ -121,10 +122,13 @@ def test_format_imports_only_the_standard_library():
 _COUNT_HASHES = """
 import sys
 from keras_vllm.format import checksums
+from keras_vllm.format import files
 from keras_vllm import format as fmt
+from keras_vllm.errors import ArtifactError
 count = []
-real = checksums.sha256_file
-checksums.sha256_file = lambda *a, **k: count.append(1) or real(*a, **k)
+real = files.sha256_file
+counted = lambda *a, **k: count.append(1) or real(*a, **k)
+checksums.sha256_file = files.sha256_file = counted
 try:
     fmt.open_artifact(sys.argv[1])
 except Exception as e:
@@ -218,3 +222,19 @@ def test_a_zero_window_is_accepted_only_while_it_is_off(window, flag, accepted):
     else:
         with pytest.raises(ArtifactError, match="sizes must be positive"):
             configs.estimate_parameters(config)
+
+
+def test_files_hash_in_parallel_as_they_would_one_by_one(tmp_path):
+    paths, sizes = [], [0, 1, 3 << 20, 5 << 20, 7]
+    for i, size in enumerate(sizes):
+        path = tmp_path / f"file{i}"
+        path.write_bytes(os.urandom(size))
+        paths.append(str(path))
+    seen = []
+    digests = fmt.sha256_files(paths, on_bytes=seen.append)
+    assert digests == [fmt.sha256_file(p) for p in paths]
+    assert len(set(digests)) == len(paths)
+    assert sum(seen) == sum(sizes)
+    os.mkfifo(tmp_path / "pipe")  # hashing it would block forever
+    with pytest.raises(ArtifactError, match="not a regular file"):
+        fmt.sha256_files(paths + [str(tmp_path / "pipe")])

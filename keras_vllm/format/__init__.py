@@ -41,6 +41,7 @@ from keras_vllm.format.files import list_files
 from keras_vllm.format.files import read_json
 from keras_vllm.format.files import safe_join
 from keras_vllm.format.files import sha256_file
+from keras_vllm.format.files import sha256_files
 from keras_vllm.format.files import write_json
 from keras_vllm.format.manifest import new_manifest
 from keras_vllm.format.manifest import read_manifest

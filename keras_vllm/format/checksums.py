@@ -7,6 +7,7 @@ from keras_vllm.errors import IntegrityError
 from keras_vllm.format.files import list_files
 from keras_vllm.format.files import safe_join
 from keras_vllm.format.files import sha256_file
+from keras_vllm.format.files import sha256_files
 from keras_vllm.format.names import MANIFEST_FILE
 from keras_vllm.format.names import SIGNATURE_FILE
 
@@ -74,8 +75,10 @@ def verify_files(directory, manifest, only=None, report=None):
     total = sum(listed[rel]["bytes"] for rel in hashed)
     context = report(total) if report is not None else contextlib.nullcontext()
     with context as on_bytes:
-        for rel in hashed:
-            digest = sha256_file(os.path.join(directory, rel), on_bytes)
+        digests = sha256_files(
+            [os.path.join(directory, rel) for rel in hashed], on_bytes
+        )
+        for rel, digest in zip(hashed, digests):
             if digest != listed[rel]["sha256"]:
                 raise IntegrityError(
                     f"Artifact file '{rel}' does not match its SHA-256 "

@@ -9,6 +9,8 @@ import hashlib
 import json
 import os
 import stat
+import threading
+from concurrent import futures
 
 from keras_vllm.errors import ArtifactError
 from keras_vllm.format.names import MANIFEST_FILE
@@ -17,6 +19,11 @@ from keras_vllm.format.names import MAX_JSON_FILE_BYTES
 from keras_vllm.format.names import SIGNATURE_FILE
 
 _CHUNK = 1 << 20
+# Threads that hash files at once: hashlib and file reads release the GIL,
+# so an artifact's files hash on several cores (a 16 GB checkpoint takes
+# ~10 s on one core at ~1.6 GB/s). More than 8 readers gain nothing on
+# one disk.
+_MAX_HASH_THREADS = 8
 
 
 def sha256_file(path, on_bytes=None):
@@ -42,6 +49,35 @@ def sha256_file(path, on_bytes=None):
             if on_bytes is not None:
                 on_bytes(len(chunk))
     return digest.hexdigest()
+
+
+def sha256_files(paths, on_bytes=None):
+    """Returns the hex SHA-256 of each file, in order, hashed in parallel.
+
+    Args:
+        paths: the files.
+        on_bytes: called with the size of each chunk read (progress); calls
+            from the hashing threads are serialized.
+
+    Raises:
+        ArtifactError: for a path that is not a regular file (the first in
+            `paths` order).
+    """
+    paths = list(paths)
+    workers = min(_MAX_HASH_THREADS, os.cpu_count() or 1, len(paths))
+    if workers <= 1:
+        return [sha256_file(path, on_bytes) for path in paths]
+    if on_bytes is not None:
+        lock, report = threading.Lock(), on_bytes
+
+        def on_bytes(n):
+            with lock:
+                report(n)
+
+    with futures.ThreadPoolExecutor(
+        workers, thread_name_prefix="keras_vllm_sha256"
+    ) as pool:
+        return list(pool.map(lambda p: sha256_file(p, on_bytes), paths))
 
 
 def list_files(directory):
@@ -84,16 +120,14 @@ def file_table(
 
     `on_bytes` is called with each chunk's size while hashing (progress).
     """
-    table = {}
-    for rel in list_files(directory):
-        if rel in exclude:
-            continue
-        full = os.path.join(directory, rel)
-        table[rel] = {
-            "sha256": sha256_file(full, on_bytes),
-            "bytes": os.path.getsize(full),
-        }
-    return table
+    names = [rel for rel in list_files(directory) if rel not in exclude]
+    fulls = [os.path.join(directory, rel) for rel in names]
+    return {
+        rel: {"sha256": digest, "bytes": os.path.getsize(full)}
+        for rel, full, digest in zip(
+            names, fulls, sha256_files(fulls, on_bytes)
+        )
+    }
 
 
 def safe_join(directory, relative):
