@@ -40,8 +40,16 @@ FALSE_ALARMS = {
         r"Pin memory is not supported on TPU",
     ),
     "vllm.usage.usage_lib": (r"Failed to collect TPU information",),
-    # vLLM gives its engine process a fixed 5 s to exit; on a busy CPU host
-    # JAX's teardown takes longer and the kill is the normal end.
+    # An empty scheduler step (vLLM sends them, e.g. after aborts or
+    # between a preemption and its resumption); tpu-inference answers it
+    # with an empty output, as it should, and warns anyway.
+    "vllm.tpu_inference.runner.tpu_runner": (
+        r"Should not schedule a request that does nothing",
+    ),
+    # At shutdown vLLM waits `--shutdown-timeout` (default 0) plus 5 s for
+    # its engine process; on a busy CPU host JAX's teardown takes longer
+    # and the kill is the normal end. Requests still running then are
+    # ended as aborted (`shutdown_aborts`), not lost.
     "vllm.v1.utils": (r"\[shutdown\] Process manager: force killing",),
     "vllm.distributed.parallel_state": (
         r"empty_host_cache\(\) only available in Pytorch",

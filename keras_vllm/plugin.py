@@ -89,6 +89,10 @@ def register():
 
     # A request back from preemption continues from its real tokens.
     resumed_tokens.install()
+    from keras_vllm import shutdown_aborts
+
+    # Requests running at SIGTERM end as aborted instead of hanging.
+    shutdown_aborts.install()
     from keras_vllm.load import lora_runner
 
     # Multi-adapter serving (`--enable-lora`) of our model on the runner.

@@ -15,6 +15,7 @@ import requests
 
 from helpers.trained_models import trained
 from helpers.http_server import running_server
+from helpers.http_server import terminate_while_streaming
 from keras_vllm import format as fmt
 from keras_vllm import testing
 
@@ -116,6 +117,15 @@ def test_serve_answers_with_the_artifact_defaults_quietly(
             assert response.status_code == 200, response.text
             choice = response.json()["choices"][0]
             assert choice["token_ids"] == record["output_ids"]
+        # SIGTERM while requests stream: each ends (vLLM aborts what runs),
+        # none is left waiting, and the server exits.
+        prompts = [record["prompt_ids"] for record in golden["outputs"]] * 12
+        ends, seconds = terminate_while_streaming(
+            url, exported, prompts, max_tokens=100
+        )
+        assert "hung" not in ends and None not in ends, ends
+        assert "abort" in ends, ends  # the SIGTERM came while they ran
+        assert seconds is not None and seconds < 60, ends
     text = log_path.read_text()
     # keras-vllm serve prints the vLLM command it runs.
     assert re.search(r"^\S*vllm serve ", text, re.M), text[:2000]
