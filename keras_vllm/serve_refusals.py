@@ -1,6 +1,6 @@
 """One-line refusals for plain `vllm serve DIR` of a directory keras-vllm
 recognizes but cannot serve (empty, a KerasHub preset, a truncated or
-tampered artifact; with `KERAS_VLLM_PUBLIC_KEY`, any directory without a
+tampered artifact, a delta whose preset is not here; with `KERAS_VLLM_PUBLIC_KEY`, any directory without a
 valid signature by that key).
 
 vLLM loads general plugins while it builds its command-line parser, before
@@ -39,7 +39,9 @@ def refusal(path):
         keras-vllm artifact or is not one keras-vllm should judge (an
         unsigned directory is always judged under a signature policy).
     """
+    from keras_vllm.engine_settings import resolve_preset
     from keras_vllm.errors import KerasVllmError
+    from keras_vllm.load.keras_loader import check_sources
     from keras_vllm.load.opening import open_verified
     from keras_vllm.signing import require_signature
 
@@ -58,7 +60,10 @@ def refusal(path):
         config.get("model_type") == fmt.MODEL_TYPE
     ):
         try:
-            open_verified(path)
+            manifest = open_verified(path).manifest
+            # A delta's preset (or an adapter's base) that is not here would
+            # fail in the engine process, after vLLM's start, in a traceback.
+            check_sources(path, manifest, resolve_preset(None))
         except KerasVllmError as e:
             return f"keras-vllm: {type(e).__name__}: {e}"
         return None

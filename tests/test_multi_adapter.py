@@ -274,6 +274,12 @@ def test_gpt2_over_http_two_adapters_on_one_slot(exports, tmp_path,
             "model": "support_v2", "prompt": ids[0], "max_tokens": 1,
         }, timeout=120)
         assert response.status_code == 404, response.text
+        # A path with no adapter: vLLM's 404, not a server error.
+        response = requests.post(url + "/v1/load_lora_adapter", json={
+            "lora_name": "missing", "lora_path": str(tmp_path / "nowhere"),
+        }, timeout=120)
+        assert response.status_code == 404, response.text
+        assert "No adapter found" in response.text
         assert _complete(url, "support", ids[0]) == (
             family["expected"]["support"][0]
         )

@@ -31,11 +31,24 @@ def dirs(tmp_path_factory):
         f.write(" ")
     empty = root / "empty"
     empty.mkdir()
+    # A delta whose preset was moved away after the export.
+    import keras_hub
+
+    base = str(root / "base")
+    testing.save_tiny_preset(trained("gpt2"), base)
+    tuned = keras_hub.models.CausalLM.from_preset(base)
+    kernel = tuned.backbone.weights[-1]
+    kernel.assign(kernel.numpy() + 0.01)
+    delta = keras_vllm.export_vllm(tuned, str(root / "delta"), golden_prompts=())
+    moved = str(root / "base_moved")
+    os.rename(base, moved)
     return {
         "empty": str(empty),
         "preset": preset,
         "tampered": tampered,
         "artifact": artifact,
+        "delta": delta,
+        "moved_preset": moved,
     }
 
 
@@ -47,6 +60,15 @@ def test_each_kind_of_directory_gets_its_own_message(dirs):
     assert "manifest.json" not in preset  # not the empty directory's line
     assert "IntegrityError" in serve_refusals.refusal(dirs["tampered"])
     assert serve_refusals.refusal(dirs["artifact"]) is None
+
+
+def test_a_delta_whose_preset_is_not_here_is_refused(dirs, monkeypatch):
+    monkeypatch.delenv("KERAS_VLLM_PRESET", raising=False)
+    message = serve_refusals.refusal(dirs["delta"])
+    assert "PresetUnavailableError" in message
+    assert "KERAS_VLLM_PRESET=DIR" in message  # the fix for plain vllm serve
+    monkeypatch.setenv("KERAS_VLLM_PRESET", dirs["moved_preset"])
+    assert serve_refusals.refusal(dirs["delta"]) is None
 
 
 def test_hugging_face_checkpoints_are_left_to_vllm(tmp_path):
@@ -76,6 +98,7 @@ def test_model_directory_from_the_command_line(tmp_path, argv, model):
     ("empty", "is empty"),
     ("preset", "keras-vllm export"),
     ("tampered", "IntegrityError"),
+    ("delta", "KERAS_VLLM_PRESET=DIR"),
 ])
 def test_plain_vllm_serve_refuses_within_30_seconds(dirs, kind, says):
     start = time.monotonic()

@@ -130,6 +130,19 @@ def preflight(path, manifest, preset=None):
         ArtifactError: (or a subclass) as `load_causal_lm` would.
     """
     resolve_classes(manifest)
+    check_sources(path, manifest, preset)
+    load_tokenizer(path, manifest)
+
+
+def check_sources(path, manifest, preset=None):
+    """Checks that what the artifact loads its base weights from is here:
+    an adapter's base artifact, a delta's preset files (resolved, not
+    hashed: the engine process hashes them once, when it loads them).
+
+    Raises:
+        ArtifactError: (or a subclass: `PresetUnavailableError`, naming how
+            to make the preset available offline).
+    """
     if adapter.is_adapter(manifest):
         adapter.open_base(path, manifest)
     if manifest["preset"] is not None and manifest["weights"]["mode"] != "full":
@@ -137,7 +150,6 @@ def preflight(path, manifest, preset=None):
         presets.check_available(
             preset or recorded["handle"], sorted(recorded["files"])
         )
-    load_tokenizer(path, manifest)
 
 
 def load_causal_lm(

@@ -27,6 +27,7 @@ vLLM's scheduler never schedules more distinct adapters in one step than
 import collections
 import contextlib
 import logging
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -233,6 +234,12 @@ class KerasLoraManager:
         from keras_vllm.load import rebuild
 
         path = request.lora_path
+        if not os.path.isdir(path):
+            from vllm.exceptions import LoRAAdapterNotFoundError
+
+            # vLLM's own error: its server answers it with a 404 (any
+            # other error is a 500).
+            raise LoRAAdapterNotFoundError(request.lora_name, path)
         manifest = adapter_checks.open_adapter(path)
         model = self.model
         names = tuple(model.backbone.default_lora_layer_names())
