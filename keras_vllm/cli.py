@@ -31,9 +31,22 @@ def _export(args):
 
     import keras_vllm
 
-    causal_lm = keras_hub.models.CausalLM.from_preset(
-        args.preset, dtype=args.dtype
-    )
+    from keras_vllm.errors import ExportError
+
+    try:
+        causal_lm = keras_hub.models.CausalLM.from_preset(
+            args.preset, dtype=args.dtype
+        )
+    except Exception as e:  # keras-hub raises many types for a bad preset
+        cause = " ".join(str(e).split())[:400]
+        raise ExportError(
+            f"keras-hub could not load '{args.preset}' "
+            "(keras_hub.models.CausalLM.from_preset raised "
+            f"{type(e).__name__}: {cause}). Pass a KerasHub preset, a "
+            "Hugging Face checkpoint keras-hub converts (config.json, "
+            "safetensors and the tokenizer files its converter reads), or "
+            "a kaggle:// / hf:// handle."
+        ) from None
     if args.sampler:
         causal_lm.compile(sampler=args.sampler)
     path = keras_vllm.export_vllm(

@@ -18,7 +18,7 @@ from keras_vllm.errors import IntegrityError
 from keras_vllm.errors import PresetUnavailableError
 from keras_vllm.format import references
 from keras_vllm.format.checks import fail
-from keras_vllm.format import sha256_file
+from keras_vllm.format import sha256_files
 from keras_vllm.format import weight_tree
 
 # The files of a KerasHub preset that define a backbone's weights.
@@ -29,12 +29,22 @@ _HF_WEIGHTS = fmt.HF_WEIGHTS_FILE
 _HF_SHARDED_WEIGHTS = fmt.HF_SHARDED_INDEX_FILE
 
 
-def _preset_file(handle, name, for_engine=False):
+def _preset_file(handle, name, for_engine=False, for_export=False):
     from keras_hub.src.utils.preset_utils import get_file
 
     try:
         return get_file(handle, name)
     except Exception as e:  # keras-hub raises many types for a bad handle
+        cause = " ".join(str(e).split())[:300]
+        if for_export:
+            raise PresetUnavailableError(
+                f"The preset '{handle}' this model was loaded from is not "
+                "available here (moved or deleted?), so the export cannot "
+                "store only what changed against it. Pass its current "
+                "location (`export_vllm(path, preset='/path/to/preset')`), "
+                "or export with `weights='full'` so the artifact needs no "
+                f"preset. (Cause: {type(e).__name__}: {cause})"
+            ) from None
         if for_engine:
             how = (
                 "copy the preset directory to this machine and pass its path "
@@ -60,7 +70,6 @@ def _preset_file(handle, name, for_engine=False):
                 "`keras_hub.models.Backbone.from_preset(handle)` where the "
                 "network exists, or export with `weights='full'`."
             )
-        cause = " ".join(str(e).split())[:300]
         raise PresetUnavailableError(
             f"The preset '{handle}' that this artifact references is not "
             f"available here. {hint} (Cause: {type(e).__name__}: {cause})"
@@ -93,13 +102,42 @@ def check_available(handle, names):
         _preset_file(handle, name, for_engine=True)
 
 
-def _read_config(handle):
+def _read_config(handle, for_export=False):
     return fmt.read_json(
-        _preset_file(handle, _CONFIG),
+        _preset_file(handle, _CONFIG, for_export=for_export),
         fmt.MAX_SMALL_JSON_BYTES,
         f"{_CONFIG} of the preset '{handle}'",
         follow=True,
     )
+
+
+def read_config(handle):
+    """The preset's `config.json` (a KerasHub or a Hugging Face one)."""
+    return _read_config(handle)
+
+
+def optional_file(handle, name):
+    """The local path of a preset file, or None when the preset has none."""
+    from keras_hub.src.utils.preset_utils import check_file_exists
+
+    if not check_file_exists(handle, name):
+        return None
+    return _preset_file(handle, name)
+
+
+def declared_max_positions(handle):
+    """A Hugging Face checkpoint's `max_position_embeddings`, or None (a
+    KerasHub preset, no such field, or a preset not readable here)."""
+    try:
+        config = read_config(handle)
+    except Exception:  # only a default depends on it
+        return None
+    if not isinstance(config, dict) or "registered_name" in config:
+        return None
+    value = config.get("max_position_embeddings")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
 
 
 def preset_format(config):
@@ -123,7 +161,7 @@ def preset_format(config):
     )
 
 
-def backbone_files(handle, pinned=None):
+def backbone_files(handle, pinned=None, for_export=False):
     """Lists the preset files that hold the backbone config and weights:
     those `Backbone.from_preset` reads. For a KerasHub preset,
     `model.weights.h5` when present, else the sharded index and the shards
@@ -135,11 +173,13 @@ def backbone_files(handle, pinned=None):
         handle: the preset.
         pinned: the names an artifact pins; when given, the sharded index's
             shards must be exactly the pinned ones.
+        for_export: a missing preset's error says how to export instead
+            of how to load.
     """
     from keras_hub.src.utils.preset_utils import check_file_exists
 
     # Resolves the handle first: an unknown one fails with how to fix it.
-    layout = preset_format(_read_config(handle))
+    layout = preset_format(_read_config(handle, for_export=for_export))
     files = [_CONFIG]
     if layout == "keras":
         single, index_name = _WEIGHTS, _SHARDED_WEIGHTS
@@ -174,10 +214,11 @@ def backbone_files(handle, pinned=None):
 
 def hash_preset(handle):
     """Returns `{file_name: sha256}` for the preset's backbone files."""
-    return {
-        name: sha256_file(_preset_file(handle, name))
-        for name in backbone_files(handle)
-    }
+    names = backbone_files(handle, for_export=True)
+    digests = sha256_files(
+        _preset_file(handle, name, for_export=True) for name in names
+    )
+    return dict(zip(names, digests))
 
 
 def check_preset(handle, expected, backbone=None):
@@ -207,14 +248,16 @@ def check_preset(handle, expected, backbone=None):
             "with `weights='full'`."
         )
     weight_bytes = 0
-    for name, digest in sorted(expected.items()):
-        path = _preset_file(handle, name)
+    names = sorted(expected)
+    paths = [_preset_file(handle, name) for name in names]
+    for name, path in zip(names, paths):
         size = fmt.files.regular_file_size(
             path, f"Preset file '{name}' of '{handle}'"
         )
         if name not in (_CONFIG, _SHARDED_WEIGHTS, _HF_SHARDED_WEIGHTS):
             weight_bytes += size
-        if sha256_file(path) != digest:
+    for name, digest in zip(names, sha256_files(paths)):
+        if digest != expected[name]:
             raise IntegrityError(
                 f"Preset file '{name}' of '{handle}' differs from the one "
                 "this artifact was exported against (its SHA-256 is not "

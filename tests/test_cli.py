@@ -111,6 +111,18 @@ def test_export_refuses_existing_path(exported, preset):
     assert "already exists" in result.stderr and "--overwrite" not in result.stdout
 
 
+def test_export_of_a_directory_keras_hub_cannot_load_is_one_line(tmp_path):
+    # A Hugging Face Llama directory without the tokenizer.json keras-hub's
+    # converter reads.
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    result = _run("export", str(tmp_path), str(tmp_path / "out"))
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("keras-vllm: ExportError: keras-hub could")
+    assert "from_preset raised" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_serve_command_uses_artifact_defaults(exported):
     from keras_vllm.cli_serve import serve_command
 

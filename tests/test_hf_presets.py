@@ -7,7 +7,7 @@ changed, the default `export_vllm(out)` stores a delta pinning the
 checkpoint's files, `load_causal_lm(out)` generates what the model
 generates, the `preset=` override loads from a copy, and an edited
 safetensors byte is refused.
-One family (Llama) is also served through the engine (one engine start).
+Serving each family's delta through the engine: test_hf_presets_serving.py.
 """
 
 import json
@@ -35,31 +35,12 @@ def checkpoint_root(tmp_path_factory):
 
 
 def _checkpoint(root, family):
-    directory = os.path.join(root, family)
-    if not os.path.isdir(directory):
-        hf_checkpoints.write_checkpoint(
-            family, directory, max_shard_size=SHARDED.get(family)
-        )
-    return directory
-
-
-def _changed_model(directory):
-    """The checkpoint's CausalLM with its token embedding and one kernel
-    moved (far enough that greedy outputs depend on the prompt)."""
-    import keras_hub
-
-    causal_lm = keras_hub.models.CausalLM.from_preset(directory)
-    rng = np.random.default_rng(0)
-    embeddings = causal_lm.backbone.token_embedding.embeddings
-    embeddings.assign(
-        embeddings.numpy() + rng.normal(0, 0.5, embeddings.shape)
+    return hf_checkpoints.cached_checkpoint(
+        root, family, max_shard_size=SHARDED.get(family)
     )
-    kernel = next(
-        v for v in causal_lm.backbone.weights if len(v.shape) == 2
-        and v is not embeddings
-    )
-    kernel.assign(kernel.numpy() + rng.normal(0, 0.1, kernel.shape))
-    return causal_lm
+
+
+_changed_model = hf_checkpoints.changed_model
 
 
 def _greedy(causal_lm):
@@ -173,6 +154,96 @@ def test_delta_export_from_hf_checkpoint(family, checkpoint_root, tmp_path):
     assert "weights='full'" in str(refused.value)
 
 
+def test_export_after_the_checkpoint_moved_says_how_to_export(
+    checkpoint_root, tmp_path
+):
+    from keras_vllm.errors import PresetUnavailableError
+
+    copy = str(tmp_path / "checkpoint")
+    shutil.copytree(_checkpoint(checkpoint_root, "llama"), copy)
+    causal_lm = _changed_model(copy)
+    shutil.move(copy, str(tmp_path / "moved"))
+    with pytest.raises(PresetUnavailableError) as refused:
+        causal_lm.export_vllm(str(tmp_path / "out"), golden_prompts=[])
+    message = str(refused.value)
+    assert "this model was loaded from" in message
+    assert "export_vllm(path, preset=" in message
+    assert "weights='full'" in message
+    assert "load_causal_lm" not in message  # not the serving side's advice
+    assert not (tmp_path / "out").exists()
+    out = causal_lm.export_vllm(
+        str(tmp_path / "out"), preset=str(tmp_path / "moved"),
+        golden_prompts=[],
+    )
+    manifest = fmt.read_manifest(out)
+    assert manifest["weights"]["mode"] == "delta"
+    # No length asked for: the checkpoint's own limit, not 2048 positions
+    # its rotary model never trained at.
+    assert manifest["max_sequence_length"] == 256
+
+
+@pytest.mark.parametrize("family", hf_checkpoints.FAMILIES)
+def test_converted_tokenizers_agree_with_the_checkpoint(
+    family, checkpoint_root, tmp_path
+):
+    """No warning where keras-hub converts the checkpoint's tokenizer
+    faithfully (checked against its `tokenizer.json` where it has one)."""
+    import keras_hub
+
+    from keras_vllm.export import checkpoint_tokenizer
+
+    import tokenizers
+
+    directory = _checkpoint(checkpoint_root, family)
+    path = os.path.join(directory, "tokenizer.json")
+    if os.path.exists(path):
+        # As `tokenizers` writes it (the fixture's is a minimal one).
+        copy = str(tmp_path / family)
+        shutil.copytree(directory, copy)
+        hf_checkpoints.write_full_tokenizer_json(copy)
+        directory, path = copy, os.path.join(copy, "tokenizer.json")
+    tokenizer = keras_hub.models.CausalLM.from_preset(
+        directory
+    ).preprocessor.tokenizer
+    assert checkpoint_tokenizer.warn_if_converted_differently(
+        tokenizer, directory
+    ) is None
+    if os.path.exists(path):  # compared, not skipped
+        assert checkpoint_tokenizer.first_difference(
+            tokenizer, tokenizers.Tokenizer.from_file(path)
+        ) is None
+
+
+def test_a_llama_2_style_tokenizer_json_is_warned_about(
+    checkpoint_root, tmp_path, caplog
+):
+    """keras-hub 0.32 reads a Llama 2 / TinyLlama `tokenizer.json`
+    (SentencePiece pieces) as a byte-level Llama 3 tokenizer that drops
+    spaces; the export says so."""
+    import transformers
+
+    directory = str(tmp_path / "llama2")
+    shutil.copytree(_checkpoint(checkpoint_root, "mistral"), directory)
+    with open(os.path.join(directory, "config.json")) as f:
+        config = json.load(f)
+    config.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f)
+    # As transformers writes a SentencePiece Llama tokenizer.
+    transformers.LlamaTokenizer.from_pretrained(directory).save_pretrained(
+        directory
+    )
+    causal_lm = _changed_model(directory)
+    with caplog.at_level("WARNING", logger="keras_vllm"):
+        causal_lm.export_vllm(
+            str(tmp_path / "out"), max_sequence_length=64, golden_prompts=[]
+        )
+    warned = [r.getMessage() for r in caplog.records
+              if "checkpoint's own tokenizer.json" in r.getMessage()]
+    assert len(warned) == 1, caplog.text
+    assert "'the cat sat on the mat'" in warned[0]
+
+
 def test_hf_index_naming_unpinned_shard_is_refused(checkpoint_root, tmp_path):
     """A sharded checkpoint whose index now names another shard loads
     through a file the artifact does not pin: refused before any weight is
@@ -197,43 +268,6 @@ def test_hf_index_naming_unpinned_shard_is_refused(checkpoint_root, tmp_path):
         json.dump(index, f)
     with pytest.raises(ArtifactError, match="names other shards than"):
         keras_vllm.load_causal_lm(out, preset=copy, verbose=False)
-
-
-@pytest.mark.serving
-def test_engine_serves_delta_on_hf_checkpoint(checkpoint_root, tmp_path):
-    """One engine start (vLLM's default multiprocess mode) on a delta
-    artifact over a Llama checkpoint: token-exact against `generate()`."""
-    pytest.importorskip("tpu_inference")
-    from vllm import SamplingParams
-
-    import keras_vllm
-    from helpers import engine_shapes
-    from helpers import serving_checks
-
-    causal_lm = _changed_model(_checkpoint(checkpoint_root, "llama"))
-    out = causal_lm.export_vllm(
-        str(tmp_path / "out"), max_sequence_length=256, golden_prompts=[]
-    )
-    assert fmt.read_manifest(out)["weights"]["mode"] == "delta"
-    prompts = serving_checks.serving_prompts()[:3]
-    want = reference.greedy_batch(
-        causal_lm,
-        [reference.prompt_token_ids(causal_lm, text) for text in prompts],
-        16,
-        [],
-    )
-    assert len({tuple(w) for w in want}) > 1, "outputs ignore the prompt"
-    engine = keras_vllm.KerasVllmEngine.from_export(
-        out, **engine_shapes.ENGINE_KWARGS
-    )
-    try:
-        outputs = engine.generate(
-            list(prompts),
-            SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
-        )
-        assert [list(o.outputs[0].token_ids) for o in outputs] == want
-    finally:
-        serving_checks.shutdown(engine)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,9 @@ from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.export import adapter as adapter_export
 from keras_vllm.export import chat_templates
+from keras_vllm.export import checkpoint_tokenizer
 from keras_vllm.export import delta
+from keras_vllm.export import model_facts
 from keras_vllm.export import quantized
 from keras_vllm.export import sections
 from keras_vllm.export import staging
@@ -27,64 +29,6 @@ DEFAULT_GOLDEN_PROMPTS = (
     "What is the answer?",
     "one two three",
 )
-
-
-def _check_model(causal_lm):
-    import keras
-    import keras_hub
-
-    if not isinstance(causal_lm, keras_hub.models.CausalLM):
-        raise UnsupportedModelError(
-            f"export_vllm() takes a keras_hub.models.CausalLM, got "
-            f"{type(causal_lm).__name__}. Wrap your backbone in its family's "
-            "CausalLM (e.g. `keras_hub.models.GemmaCausalLM(backbone, "
-            "preprocessor)`)."
-        )
-    if keras.config.backend() != "jax":
-        raise ExportError(
-            f"Keras runs on the '{keras.config.backend()}' backend; keras-vllm "
-            "needs JAX. Set KERAS_BACKEND=jax before importing keras."
-        )
-    if causal_lm.preprocessor is None or getattr(
-        causal_lm.preprocessor, "tokenizer", None
-    ) is None:
-        raise UnsupportedModelError(
-            "The CausalLM has no preprocessor with a tokenizer; the artifact "
-            "must carry the tokenizer. Attach the family's preprocessor "
-            "before exporting."
-        )
-
-
-def _preset_handle(causal_lm, preset):
-    if preset is None:
-        for obj in (causal_lm, causal_lm.backbone):
-            preset = getattr(obj, "_keras_vllm_preset", None)
-            if preset:
-                break
-    if not preset:
-        return None
-    return presets.resolve_handle(preset)
-
-
-def _dtype_name(backbone):
-    name = backbone.dtype_policy.variable_dtype
-    if name not in fmt.SUPPORTED_DTYPES:
-        raise UnsupportedModelError(
-            f"Variables of dtype {name} are not supported (quantized or "
-            f"mixed maps); supported: {fmt.SUPPORTED_DTYPES}."
-        )
-    return name
-
-
-def _max_sequence_length(causal_lm, requested):
-    if requested is not None:
-        return int(requested)
-    declared = causal_lm.backbone.get_config().get("max_sequence_length")
-    if declared:
-        return int(declared)
-    # Rotary models declare no maximum; serve what such models commonly
-    # train at, never less than the preprocessor length the model used.
-    return max(int(causal_lm.preprocessor.sequence_length or 0), 2048)
 
 
 def export_vllm(
@@ -169,7 +113,7 @@ def export_vllm(
     causal_lm.export_vllm("exports/gemma2_tuned")
     ```
     """
-    _check_model(causal_lm)
+    model_facts.check_model(causal_lm)
     target = staging.check_target(path, overwrite)
     # The key and the factor dtype are checked before any work is done.
     signer = None if signing_key is None else signing.as_signer(signing_key)
@@ -202,7 +146,7 @@ def _export(
         "sampler": sections.serialize(causal_lm.sampler, "sampler"),
     }
     serialized["causal_lm"]["config"] = {}
-    dtype = _dtype_name(backbone)
+    dtype = model_facts.dtype_name(backbone)
     quantization = quantized.section(backbone, dtype)
     if quantization is not None:
         serialized["backbone"] = quantized.neutral_backbone_config(
@@ -213,7 +157,9 @@ def _export(
             "Pass either `base=` (an artifact) or `preset=` as the adapter's "
             "base, not both."
         )
-    handle = None if base is not None else _preset_handle(causal_lm, preset)
+    handle = None if base is not None else model_facts.preset_handle(causal_lm, preset)
+    if handle is not None:
+        checkpoint_tokenizer.warn_if_converted_differently(tokenizer, handle)
     chat_template = chat_templates.resolve(chat_template, handle)
     as_adapter = adapter_export.wanted(weights, backbone, base, handle)
     adapter_export.check_lora_dtype_applies(lora_dtype, as_adapter, weights)
@@ -231,7 +177,7 @@ def _export(
             "it normally; golden outputs are recorded as generate() runs "
             "with other padding.", tokenizer.pad_token_id,
         )
-    max_len = _max_sequence_length(causal_lm, max_sequence_length)
+    max_len = model_facts.max_sequence_length(causal_lm, max_sequence_length, handle)
     # The conformance gate: fails before any file is written when an
     # attention layer has no paged subclass.
     try:
@@ -320,10 +266,16 @@ def _export(
                 tmp, stored, config, serialized["sampler"], stop_ids,
                 getattr(tokenizer, "start_token_id", None), chat_template,
             )
+            # Hashed while the golden outputs are still being generated.
+            with progress.phase("writing checksums", unit="bytes") as phase:
+                files = fmt.file_table(tmp, on_bytes=phase.advance)
         golden = pending_golden.result()
         fmt.write_json(os.path.join(tmp, fmt.GOLDEN_FILE), golden)
-        with progress.phase("writing checksums", unit="bytes") as phase:
-            files = fmt.file_table(tmp, on_bytes=phase.advance)
+        files.update(
+            fmt.file_table(
+                tmp, exclude={*files, fmt.MANIFEST_FILE, fmt.SIGNATURE_FILE}
+            )
+        )
         manifest = fmt.new_manifest(
             written_by=sections.versions(),
             preset=preset_section,

@@ -9,6 +9,8 @@ by `keras_vllm.testing.tokenizers`. No network.
 import json
 import os
 
+import numpy as np
+
 from keras_vllm.testing import tokenizers as tokenizers_lib
 
 # family -> (tokenizer kind, keras-vllm tokenizer layout).
@@ -211,3 +213,70 @@ def write_checkpoint(family, directory, max_shard_size=None):
         written["num_experts"] = written["num_local_experts"]
         _write_json(directory, "config.json", written)
     return directory
+
+
+def cached_checkpoint(root, family, max_shard_size=None):
+    """`root/family`, written by `write_checkpoint` on first use."""
+    directory = os.path.join(root, family)
+    if not os.path.isdir(directory):
+        write_checkpoint(family, directory, max_shard_size=max_shard_size)
+    return directory
+
+
+def changed_model(directory):
+    """The checkpoint's CausalLM with its token embedding and one kernel
+    moved (far enough that greedy outputs depend on the prompt), as a
+    fine-tune would: a delta export stores those two."""
+    import keras_hub
+
+    causal_lm = keras_hub.models.CausalLM.from_preset(directory)
+    rng = np.random.default_rng(0)
+    embeddings = causal_lm.backbone.token_embedding.embeddings
+    embeddings.assign(
+        embeddings.numpy() + rng.normal(0, 0.5, embeddings.shape)
+    )
+    kernel = next(
+        v for v in causal_lm.backbone.weights if len(v.shape) == 2
+        and v is not embeddings
+    )
+    kernel.assign(kernel.numpy() + rng.normal(0, 0.1, kernel.shape))
+    return causal_lm
+
+
+# The pre-tokenizer split Llama 3 and Qwen2 checkpoints' tokenizer.json use.
+_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def write_full_tokenizer_json(directory):
+    """Rewrites the checkpoint's minimal byte-level BPE `tokenizer.json`
+    (vocabulary, merges, added tokens) as Hugging Face's `tokenizers`
+    writes a Llama 3 / Qwen2 one: with its normalizer, pre-tokenizer and
+    decoder, loadable by `tokenizers.Tokenizer.from_file`."""
+    import tokenizers
+    from tokenizers import decoders
+    from tokenizers import models
+    from tokenizers import pre_tokenizers
+
+    path = os.path.join(directory, "tokenizer.json")
+    with open(path, encoding="utf-8") as f:
+        minimal = json.load(f)
+    tokenizer = tokenizers.Tokenizer(
+        models.BPE(
+            vocab=minimal["model"]["vocab"],
+            merges=[tuple(m) for m in minimal["model"]["merges"]],
+        )
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(
+            tokenizers.Regex(_SPLIT), behavior="isolated", invert=False
+        ),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(
+        [t["content"] for t in minimal.get("added_tokens", ())]
+    )
+    tokenizer.save(path)
