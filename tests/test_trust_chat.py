@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+import keras_vllm
+from helpers.trained_models import trained
 from keras_vllm import testing
 from keras_vllm.errors import KerasVllmError
 from keras_vllm.load.vllm_tokenizer import KerasVllmTokenizer
@@ -86,3 +88,28 @@ def test_hostile_template_is_refused_and_server_keeps_serving(tokenizer, name):
     assert time.monotonic() - started < bounded_jinja.MAX_SECONDS + 6
     # The same tokenizer serves the next request.
     assert tokenizer.apply_chat_template(MESSAGES, tokenize=False) == "<user>hi"
+
+
+@pytest.mark.parametrize(
+    "template, warns",
+    [
+        ("{% for m in messages %}{{ m['content'] }}{% endfor %}", True),
+        ("{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}",
+         False),
+        ("<|endoftext|>{% for m in messages %}{{ m['content'] }}{% endfor %}",
+         False),
+    ],
+)
+def test_a_template_without_the_start_token_is_warned_about(
+    template, warns, tmp_path, caplog
+):
+    """Chats are tokenized without special tokens (vLLM, as Hugging Face):
+    a template that never writes the start token the preprocessor adds
+    shows the model prompts it was not trained on."""
+    with caplog.at_level("WARNING", logger="keras_vllm"):
+        keras_vllm.export_vllm(
+            trained("gpt2"), str(tmp_path / "out"), chat_template=template,
+            golden_prompts=(),
+        )
+    warned = "never writes the start token" in caplog.text
+    assert warned == warns, caplog.text

@@ -99,3 +99,34 @@ def resolve(chat_template, handle):
             "`chat_template=`, or `chat_template=False` for none."
         )
     return chat_template
+
+
+def warn_if_no_start_token(template, preprocessor, tokenizer):
+    """Warns when chats would reach the model without its start token.
+
+    vLLM tokenizes a rendered chat without adding special tokens (as
+    Hugging Face does: templates write their own), while the model's
+    preprocessor puts a start token before every prompt it fine-tuned and
+    `generate()`s on. A template that never writes it (`bos_token`, or the
+    token's text) then shows the model prompts it never saw.
+
+    Returns:
+        Whether it warned.
+    """
+    start_id = getattr(tokenizer, "start_token_id", None)
+    if template is None or start_id is None:
+        return False
+    if not getattr(preprocessor, "add_start_token", False):
+        return False
+    start = getattr(tokenizer, "start_token", None)
+    if "bos_token" in template or (start and start in template):
+        return False
+    logger.warning(
+        "keras-vllm: the chat template never writes the start token (%r), "
+        "which the model's preprocessor puts before every prompt: chat "
+        "requests will reach the model without it (vLLM adds no special "
+        "tokens to a rendered chat). Begin the template with "
+        "`{{ bos_token }}` to serve chats as the model was trained.",
+        start,
+    )
+    return True

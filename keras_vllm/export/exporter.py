@@ -161,6 +161,7 @@ def _export(
     if handle is not None:
         checkpoint_tokenizer.warn_if_converted_differently(tokenizer, handle)
     chat_template = chat_templates.resolve(chat_template, handle)
+    chat_templates.warn_if_no_start_token(chat_template, preprocessor, tokenizer)
     as_adapter = adapter_export.wanted(weights, backbone, base, handle)
     adapter_export.check_lora_dtype_applies(lora_dtype, as_adapter, weights)
     if weights in ("delta", "preset") and handle is None:
