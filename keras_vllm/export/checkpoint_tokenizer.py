@@ -16,6 +16,8 @@ import logging
 
 import numpy as np
 
+from keras_vllm import presets
+
 logger = logging.getLogger("keras_vllm")
 
 _FILE = "tokenizer.json"
@@ -55,8 +57,6 @@ def warn_if_converted_differently(keras_tokenizer, handle):
     """
     try:
         import tokenizers
-
-        from keras_vllm import presets
 
         if presets.preset_format(presets.read_config(handle)) != "transformers":
             return None

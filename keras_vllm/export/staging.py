@@ -70,7 +70,6 @@ def _fsync_path(path):
         os.close(fd)
 
 
-
 def check_target(target, overwrite):
     """Validates an export target before any work is done.
 
