@@ -52,6 +52,20 @@ def _config_difference(running, incoming):
     return None
 
 
+def _tokenizer_config(config):
+    """A tokenizer config as compared: keras-hub builds some token lists
+    from a Python set (`Llama3Tokenizer`'s `unsplittable_tokens`), so the
+    same tokenizer lists them in another order in every process."""
+    tokens = config.get("unsplittable_tokens")
+    if isinstance(tokens, list) and all(isinstance(t, str) for t in tokens):
+        config = {**config, "unsplittable_tokens": sorted(tokens)}
+    return config
+
+
+def _quantized_layers(fields):
+    return (fields.get("quantization") or {}).get("layers") or {}
+
+
 def _architecture_difference(running, incoming):
     """What differs between two models' `backbone`, `tokenizer` and
     `dtype` manifest fields (or the same fields of a live model), or None."""
@@ -73,12 +87,24 @@ def _architecture_difference(running, incoming):
             f"its dtype is {incoming['dtype']}, the served one "
             f"{running['dtype']}"
         )
+    ours, theirs = _quantized_layers(running), _quantized_layers(incoming)
+    if ours != theirs:
+        def name(layers):
+            modes = sorted(set(layers.values()))
+            return f"quantized ({', '.join(modes)})" if modes else "not quantized"
+
+        return (
+            f"its weights are {name(theirs)}, the served ones {name(ours)}"
+        )
     # The tokenizer's identity, as its fingerprint but without the layer's
     # name (Keras numbers it per process; it tokenizes nothing).
     ours, theirs = running["tokenizer"], incoming["tokenizer"]
     if (
         ours["registered_name"] != theirs["registered_name"]
-        or _config_difference(ours["config"], theirs["config"]) is not None
+        or _config_difference(
+            _tokenizer_config(ours["config"]),
+            _tokenizer_config(theirs["config"]),
+        ) is not None
         or _asset_digests(running) != _asset_digests(incoming)
     ):
         return (
@@ -166,6 +192,7 @@ def live_model_values(engine, causal_lm):
             is not the served architecture.
     """
     from keras_vllm import weights as weight_io
+    from keras_vllm.export import quantized
     from keras_vllm.export import sections
 
     if not _is_in_process(engine.llm):
@@ -185,10 +212,12 @@ def live_model_values(engine, causal_lm):
         )
     with tempfile.TemporaryDirectory() as directory:
         # The tokenizer as an export writes it: its config and assets.
+        dtype = backbone.dtype_policy.variable_dtype
         live = {
             "backbone": sections.serialize(backbone, "backbone"),
             "tokenizer": sections.tokenizer_section(tokenizer, directory),
-            "dtype": backbone.dtype_policy.variable_dtype,
+            "dtype": dtype,
+            "quantization": quantized.section(backbone, dtype),
             "files": fmt.file_table(directory),
         }
     difference = _architecture_difference(engine.manifest, live)

@@ -29,11 +29,27 @@ _HF_WEIGHTS = fmt.HF_WEIGHTS_FILE
 _HF_SHARDED_WEIGHTS = fmt.HF_SHARDED_INDEX_FILE
 
 
-def _preset_file(handle, name, for_engine=False, for_export=False):
+def _get_file(handle, name):
+    """keras-hub's `get_file`; a local directory (or a path to one that is
+    gone) is resolved here, without importing keras-hub (seconds, with
+    its TensorFlow), e.g. in `vllm serve`'s refusal check."""
+    if not _is_remote(handle) and (
+        os.path.isabs(handle) or os.path.isdir(handle)
+    ):
+        # As keras-hub's: whether it is a regular file is checked later,
+        # with a message saying so.
+        path = os.path.join(handle, name)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"'{path}' does not exist")
+        return path
     from keras_hub.src.utils.preset_utils import get_file
 
+    return get_file(handle, name)
+
+
+def _preset_file(handle, name, for_engine=False, for_export=False):
     try:
-        return get_file(handle, name)
+        return _get_file(handle, name)
     except Exception as e:  # keras-hub raises many types for a bad handle
         cause = " ".join(str(e).split())[:300]
         if for_export:

@@ -330,3 +330,45 @@ def test_structured_outputs_over_a_sentence_piece_tokenizer(setup):
             text = output.outputs[0].text
             assert check(text), text
             assert output.outputs[0].finish_reason == "stop"
+
+
+_EXPORT_LLAMA3 = """
+import sys
+from keras_vllm import testing
+testing.build_tiny_causal_lm("llama3").export_vllm(sys.argv[1], golden_prompts=[])
+"""
+
+
+def test_the_same_model_exported_in_two_processes_is_compatible(tmp_path):
+    """keras-hub's `Llama3Tokenizer` lists its unsplittable tokens from a
+    set, in another order in each process (`PYTHONHASHSEED`): the same
+    tokenizer, so an update is accepted. A quantized export is not."""
+    import copy
+    import json
+    import os
+    import subprocess
+    import sys
+
+    manifests = []
+    for seed in ("1", "2"):
+        out = str(tmp_path / f"seed{seed}")
+        subprocess.run(
+            [sys.executable, "-c", _EXPORT_LLAMA3, out], check=True,
+            env=dict(os.environ, PYTHONHASHSEED=seed), capture_output=True,
+        )
+        with open(os.path.join(out, "manifest.json")) as f:
+            manifests.append(json.load(f))
+    running, incoming = manifests
+    orders = [m["tokenizer"]["config"]["unsplittable_tokens"] for m in manifests]
+    assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1])
+    engine_updates.check_compatible(running, incoming, "The export")
+
+    fewer = copy.deepcopy(incoming)
+    fewer["tokenizer"]["config"]["unsplittable_tokens"].pop()
+    with pytest.raises(ServingError, match="its tokenizer differs"):
+        engine_updates.check_compatible(running, fewer, "The export")
+    quantized = copy.deepcopy(incoming)
+    quantized["quantization"] = {"layers": {"layer/kernel": "int8_from_float32"}}
+    with pytest.raises(ServingError, match=r"quantized \(int8_from_float32\), "
+                       "the served ones not quantized"):
+        engine_updates.check_compatible(running, quantized, "The export")
