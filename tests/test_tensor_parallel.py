@@ -229,3 +229,17 @@ def test_placement_rules_by_layer_role():
     axes = sharding.variable_axes(mixtral, sizes)
     experts = [path for path in axes if "experts/expert_" in path]
     assert experts and all(axes[p] == (0, "experts") for p in experts)
+
+
+def test_a_vocabulary_that_does_not_divide_is_refused_before_the_start():
+    """tpu-inference splits the logits over the vocabulary on any TP size:
+    an odd vocabulary at TP=2 failed in XLA minutes into the start."""
+    from keras_vllm.errors import ServingError
+
+    config = {"num_attention_heads": 4, "num_key_value_heads": 2}
+    tensor_parallel.check_tensor_parallel({**config, "vocab_size": 512}, 2, "x")
+    tensor_parallel.check_tensor_parallel({**config, "vocab_size": 511}, 1, "x")
+    with pytest.raises(ServingError, match="vocabulary has 511 tokens"):
+        tensor_parallel.check_tensor_parallel(
+            {**config, "vocab_size": 511}, 2, "x"
+        )

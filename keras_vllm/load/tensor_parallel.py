@@ -52,6 +52,18 @@ def check_tensor_parallel(config, size, where):
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
     size = _as_size(size)
+    vocabulary = int(config.get("vocab_size") or 0)
+    if size > 1 and vocabulary % size:
+        # tpu-inference splits the logits over the vocabulary on every TP
+        # size; an uneven split fails in XLA minutes into the start.
+        raise ServingError(
+            f"tensor_parallel_size={size} cannot serve {where}: its "
+            f"vocabulary has {vocabulary} tokens, and vLLM's TPU backend "
+            "splits the logits over the vocabulary, which must divide by "
+            "the size. Serve it on one device, or pad the vocabulary (e.g. "
+            "resize the token embedding to a multiple of the size) before "
+            "fine-tuning."
+        )
     if shardable(heads, kv_heads, size):
         return
     sizes = ", ".join(str(s) for s in valid_sizes(heads, kv_heads))
