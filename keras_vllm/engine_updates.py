@@ -91,7 +91,9 @@ def _architecture_difference(running, incoming):
     if ours != theirs:
         def name(layers):
             modes = sorted(set(layers.values()))
-            return f"quantized ({', '.join(modes)})" if modes else "not quantized"
+            if not modes:
+                return "not quantized"
+            return f"quantized ({', '.join(modes)})"
 
         return (
             f"its weights are {name(theirs)}, the served ones {name(ours)}"

@@ -38,7 +38,8 @@ def first_difference(keras_tokenizer, checkpoint_tokenizer):
         `(text, keras_ids, checkpoint_ids)` or None.
     """
     for text in PROBES:
-        ids = [int(i) for i in np.asarray(keras_tokenizer.tokenize(text)).ravel()]
+        ids = np.asarray(keras_tokenizer.tokenize(text)).ravel()
+        ids = [int(i) for i in ids]
         theirs = checkpoint_tokenizer.encode(text, add_special_tokens=False).ids
         if ids != list(theirs):
             return text, ids, list(theirs)
@@ -75,7 +76,7 @@ def warn_if_converted_differently(keras_tokenizer, handle):
             "checkpoint's tokenizer into another one. The model was "
             "fine-tuned, and will be served, on that tokenization. Build the "
             "family's tokenizer from the checkpoint's vocabulary files "
-            "yourself (e.g. `LlamaTokenizer(proto='tokenizer.model')`) "
+            "yourself (its `proto=` or `vocabulary=`/`merges=` arguments) "
             "before fine-tuning.",
             type(keras_tokenizer).__name__, text, ids, _FILE, theirs,
         )

@@ -157,11 +157,16 @@ def _export(
             "Pass either `base=` (an artifact) or `preset=` as the adapter's "
             "base, not both."
         )
-    handle = None if base is not None else model_facts.preset_handle(causal_lm, preset)
+    handle = (
+        None if base is not None
+        else model_facts.preset_handle(causal_lm, preset)
+    )
     if handle is not None:
         checkpoint_tokenizer.warn_if_converted_differently(tokenizer, handle)
     chat_template = chat_templates.resolve(chat_template, handle)
-    chat_templates.warn_if_no_start_token(chat_template, preprocessor, tokenizer)
+    chat_templates.warn_if_no_start_token(
+        chat_template, preprocessor, tokenizer
+    )
     as_adapter = adapter_export.wanted(weights, backbone, base, handle)
     adapter_export.check_lora_dtype_applies(lora_dtype, as_adapter, weights)
     if weights in ("delta", "preset") and handle is None:
@@ -178,7 +183,9 @@ def _export(
             "it normally; golden outputs are recorded as generate() runs "
             "with other padding.", tokenizer.pad_token_id,
         )
-    max_len = model_facts.max_sequence_length(causal_lm, max_sequence_length, handle)
+    max_len = model_facts.max_sequence_length(
+        causal_lm, max_sequence_length, handle
+    )
     # The conformance gate: fails before any file is written when an
     # attention layer has no paged subclass.
     try:
