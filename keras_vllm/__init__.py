@@ -26,9 +26,9 @@ from keras_vllm.load import load_tokenizer
 from keras_vllm import signing
 from keras_vllm.signing import sign_artifact
 from keras_vllm.signing import verify_signature
-from keras_vllm import _keras_hub_hooks
+from keras_vllm.export import keras_hub_hooks
 
-_keras_hub_hooks.install()
+keras_hub_hooks.install()
 
 __all__ = [
     "ArtifactError",
@@ -55,7 +55,7 @@ def __getattr__(name):
     # The engine imports vLLM; load it only when asked so that export-only
     # installs (no vLLM) work.
     if name == "KerasVllmEngine":
-        from keras_vllm.engine import KerasVllmEngine
+        from keras_vllm.serve.engine.engine import KerasVllmEngine
 
         return KerasVllmEngine
     raise AttributeError(f"module 'keras_vllm' has no attribute '{name}'")

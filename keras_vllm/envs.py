@@ -156,7 +156,7 @@ LAZY_WARM_START = Variable(
     True,
     "0 precompiles every program at each start, also when the compile "
     "cache holds them all (default: such a start loads them on use).",
-    "load/warm_start.py",
+    "serve/worker/warm_start.py",
     _flag,
 )
 VERBOSE = Variable(
@@ -164,7 +164,7 @@ VERBOSE = Variable(
     "1/true/yes/on or 0/false/no/off",
     False,
     "1 shows vLLM's full log, false alarms and keras-vllm's INFO lines.",
-    "logs.py, engine.py; set by cli.py (-v)",
+    "logs.py, serve/engine/engine.py; set by cli/commands.py (-v)",
     _flag,
 )
 PROGRESS = Variable(
@@ -180,7 +180,7 @@ ENGINE_PROGRESS = Variable(
     "'lines'",
     None,
     "lines: vLLM's engine process prints one line per loading phase.",
-    "load/vllm_model.py; set by cli.py (serve)",
+    "serve/worker/model.py; set by cli/commands.py (serve)",
     _choice("lines"),
 )
 MAX_PARAMETERS = Variable(
@@ -198,7 +198,7 @@ PRESET = Variable(
     "Where a delta artifact's preset is loaded from instead of the handle "
     "its manifest records (its files must still hash to the recorded "
     "values); for plain `vllm serve`, set by `keras-vllm serve --preset`.",
-    "load/vllm_model.py; set by engine.py and cli.py",
+    "serve/worker/model.py; set by serve/engine/engine.py and cli/commands.py",
 )
 PUBLIC_KEY = Variable(
     "KERAS_VLLM_PUBLIC_KEY",
@@ -207,8 +207,8 @@ PUBLIC_KEY = Variable(
     "Set: every artifact read in this process must carry a signature "
     "(model.sig) by this key, checked before any other file is read; for "
     "plain `vllm serve`, set by `keras-vllm serve --public-key`.",
-    "signing/policy.py (load/opening.py, serve_refusals.py, the tokenizer "
-    "adapter, load/vllm_model.py); set by engine.py and cli.py",
+    "signing/policy.py (load/opening.py, serve/frontend/refusals.py, the tokenizer "
+    "adapter, serve/worker/model.py); set by serve/engine/engine.py and cli/commands.py",
 )
 ENGINE_START = Variable(
     "KERAS_VLLM_ENGINE_START",
@@ -216,7 +216,7 @@ ENGINE_START = Variable(
     "forkserver",
     "How vLLM's engine process starts when JAX already runs in the caller: "
     "forked from a fork server that imported vLLM once, or spawned fresh.",
-    "engine_process.py",
+    "serve/process/start.py",
     _choice("forkserver", "spawn"),
 )
 SERVING_TENSORFLOW = Variable(
@@ -225,7 +225,7 @@ SERVING_TENSORFLOW = Variable(
     False,
     "1 lets keras-hub import TensorFlow in serving processes too (default: "
     "a serving process that imports keras-hub first does it without).",
-    "serving_imports.py",
+    "hub/imports.py",
     _flag,
 )
 UNAPPLIED_SAMPLING = Variable(
@@ -235,7 +235,7 @@ UNAPPLIED_SAMPLING = Variable(
     "What a keras-vllm engine does with a request that sets a sampling "
     "parameter vLLM's TPU backend does not apply (penalties, min_p, "
     "logit_bias, bad_words): refuse it, or serve it without the parameter.",
-    "sampling_support.py",
+    "serve/frontend/sampling.py",
     _choice("refuse", "ignore"),
 )
 VERIFIED_ARTIFACT = Variable(
@@ -245,7 +245,7 @@ VERIFIED_ARTIFACT = Variable(
     "Internal handoff: the engine parent hashed the artifact's files, so "
     "the engine process it starts skips hashing them again while every "
     "file keeps the size, mtime and inode it had then.",
-    "format/opened.py; set by engine.py",
+    "format/opened.py; set by serve/engine/engine.py",
 )
 
 # Other tools' variables that keras-vllm reads or sets a default for.
@@ -289,7 +289,7 @@ KERAS_BACKEND = Variable(
     "Keras' backend name",
     "jax",
     "Defaulted to jax before Keras is imported.",
-    "_env.py, plugin.py, testing/",
+    "_env.py, serve/plugin.py, testing/",
 )
 KERAS_NNX_ENABLED = Variable(
     "KERAS_NNX_ENABLED",
@@ -303,7 +303,7 @@ WORKER_MULTIPROC_METHOD = Variable(
     "fork or spawn",
     None,
     "Set to spawn when JAX already runs in the process starting an engine.",
-    "engine_process.py",
+    "serve/process/start.py",
 )
 LOGGING_LEVEL = Variable(
     "VLLM_LOGGING_LEVEL",
@@ -326,7 +326,7 @@ RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY = Variable(
     None,
     "vLLM's: KERAS_ is added, so that the KERAS_* variables (backend, NNX, "
     "keras-vllm's own) reach Ray workers on other hosts.",
-    "plugin.py",
+    "serve/plugin.py",
 )
 XLA_FLAGS = Variable(
     "XLA_FLAGS",
@@ -352,7 +352,7 @@ COMPILATION_CACHE_DIR = Variable(
     None,
     "JAX's: where compiled programs are cached; keras-vllm sets vLLM's "
     "VLLM_XLA_CACHE_PATH in vLLM's processes unless this is set.",
-    "compile_cache.py",
+    "serve/worker/compile_cache.py",
 )
 PERSISTENT_CACHE_MIN_COMPILE_TIME = Variable(
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
@@ -360,7 +360,7 @@ PERSISTENT_CACHE_MIN_COMPILE_TIME = Variable(
     None,
     "JAX's: programs compiling faster are not cached (JAX's default 1 s); "
     "keras-vllm sets 0 in vLLM's processes unless this is set.",
-    "compile_cache.py",
+    "serve/worker/compile_cache.py",
 )
 
 TF_ENABLE_ONEDNN_OPTS = Variable(

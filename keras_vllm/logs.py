@@ -23,6 +23,7 @@ import sys
 import tempfile
 
 from keras_vllm import envs
+from keras_vllm import patching
 
 # Kept for callers that name the variable.
 VERBOSE_ENV = envs.VERBOSE.name
@@ -49,7 +50,7 @@ FALSE_ALARMS = {
     # At shutdown vLLM waits `--shutdown-timeout` (default 0) plus 5 s for
     # its engine process; on a busy CPU host JAX's teardown takes longer
     # and the kill is the normal end. Requests still running then are
-    # ended as aborted (`shutdown_aborts`), not lost.
+    # ended as aborted (`serve/frontend/shutdown.py`), not lost.
     "vllm.v1.utils": (r"\[shutdown\] Process manager: force killing",),
     "vllm.distributed.parallel_state": (
         r"empty_host_cache\(\) only available in Pytorch",
@@ -239,21 +240,21 @@ def drop_gloo_connected_lines():
     import torch.distributed as dist
 
     for name in ("init_process_group", "new_group"):
-        original = getattr(dist, name)
-        if getattr(original, "_keras_vllm", False):
-            continue
+        patching.replace(dist, name, _quiet_for_gloo)
 
-        @functools.wraps(original)
-        def quiet(*args, _original=original, **kwargs):
-            backend = kwargs.get("backend")
-            if backend is None and args and _original.__name__ == (
-                "init_process_group"
-            ):
-                backend = args[0]
-            if str(backend).lower() != "gloo":
-                return _original(*args, **kwargs)
-            with _without_gloo_connected_lines():
-                return _original(*args, **kwargs)
 
-        quiet._keras_vllm = True
-        setattr(dist, name, quiet)
+def _quiet_for_gloo(original):
+
+    @functools.wraps(original)
+    def quiet(*args, **kwargs):
+        backend = kwargs.get("backend")
+        if backend is None and args and original.__name__ == (
+            "init_process_group"
+        ):
+            backend = args[0]
+        if str(backend).lower() != "gloo":
+            return original(*args, **kwargs)
+        with _without_gloo_connected_lines():
+            return original(*args, **kwargs)
+
+    return quiet

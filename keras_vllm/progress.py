@@ -37,7 +37,7 @@ from keras_vllm import envs
 
 logger = logging.getLogger("keras_vllm")
 
-# Kept for callers that name the variables (load/vllm_model.py, tests).
+# Kept for callers that name the variables (serve/worker/model.py, tests).
 ENV = envs.PROGRESS.name
 # "lines": vLLM's engine processes print one line per phase (keras-vllm serve).
 ENGINE_ENV = envs.ENGINE_PROGRESS.name

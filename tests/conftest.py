@@ -1,11 +1,48 @@
-"""Session-wide fixtures and settings; shared helpers live in `helpers/`."""
+"""Session-wide fixtures and settings; shared helpers live in `helpers/`.
 
+The folders mirror the package (`tests/export/` tests `keras_vllm/export/`,
+...). One marker says a test needs the serving extra (vllm-tpu +
+tpu-inference): `serving`. Every test under `tests/serve/` has it; a test
+elsewhere carries it itself (`pytestmark = pytest.mark.serving` or the
+decorator). Without the extra, those tests are skipped here, in one place
+(`pytest.importorskip` stays only as a guard for module-level imports).
+"""
+
+import importlib.util
 import os
+import pathlib
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("KERAS_NNX_ENABLED", "true")
 
 import pytest  # noqa: E402
+
+TESTS = pathlib.Path(__file__).parent
+# Test folders whose every test needs the serving extra.
+SERVING_FOLDERS = ("serve",)
+
+
+def serving_stack_installed():
+    return all(
+        importlib.util.find_spec(name) is not None
+        for name in ("vllm", "tpu_inference")
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        folder = pathlib.Path(item.path).relative_to(TESTS).parts[0]
+        if folder in SERVING_FOLDERS:
+            item.add_marker(pytest.mark.serving)
+    if serving_stack_installed():
+        return
+    skip = pytest.mark.skip(
+        reason='needs the serving extra: pip install "keras-vllm[serving]"'
+    )
+    for item in items:
+        if item.get_closest_marker("serving") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session", autouse=True)

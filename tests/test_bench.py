@@ -106,7 +106,7 @@ def test_transformers_export_fix(tmp_path):
 
 
 def test_cli_reaches_the_package(monkeypatch):
-    from keras_vllm import cli
+    from keras_vllm.cli.commands import main as cli
     from keras_vllm.bench import run
 
     seen = {}
@@ -160,6 +160,7 @@ def test_export_cost_refuses_a_load_without_its_export():
         export_cost.main(["--operations", "load_causal_lm"])
 
 
+@pytest.mark.serving
 def test_kernel_table_times_every_block_setting():
     pytest.importorskip("tpu_inference")
     from keras_vllm.bench import kernel

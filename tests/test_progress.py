@@ -189,7 +189,7 @@ def test_serving_stack_start_up_false_alarms_are_gone_unless_verbose():
 
 
 def test_missing_chat_template_warm_up_is_not_a_warning(caplog):
-    from keras_vllm.load.vllm_tokenizer import NoChatTemplateError
+    from keras_vllm.serve.tokenizer import NoChatTemplateError
 
     logs.install_false_alarm_filters()
     renderer = logging.getLogger("vllm.renderers.base")

@@ -17,7 +17,7 @@ from keras_vllm.bench import engine_rate
 
 
 def _teacher_forced_top1(causal_lm, ids):
-    from keras_vllm import reference
+    from keras_vllm.hub import reference
 
     return np.argmax(reference.teacher_forced_logprobs(causal_lm, ids), -1)
 
@@ -57,7 +57,7 @@ def main():
     args = parser.parse_args()
 
     import keras_vllm
-    from keras_vllm import reference
+    from keras_vllm.hub import reference
     from keras_vllm import testing
 
     families = args.families.split(",") if args.families else testing.FAMILIES

@@ -7,7 +7,7 @@ python -m keras_vllm.bench.warm_start [--family qwen] [--model bench|medium|tiny
 Exports one model, then starts an engine on it in a fresh process four
 times, each timed from process start to the first generated token, with the
 product's warm-up (every token and request bucket precompiled on a cold
-start; a warm one loads its programs on first use, `load/warm_start.py`).
+start; a warm one loads its programs on first use, `serve/worker/warm_start.py`).
 The engine has the throughput benchmark's settings (`--engine bench`: 32
 sequences, 2048 tokens a step, 544 positions, `measure.ENGINE_ARGS`) or
 `from_export`'s CPU defaults (`--engine product`: 16 sequences, 512 tokens

@@ -19,6 +19,7 @@ TPU host keeps the original.
 
 import logging
 
+from keras_vllm import patching
 from keras_vllm.cpu import detect
 
 logger = logging.getLogger("keras_vllm")
@@ -77,15 +78,17 @@ def patch_kv_capacity():
     """Caps the KV memory a CPU engine plans with at what it can use."""
     from vllm.v1.executor.abstract import Executor
 
-    original = Executor.determine_available_memory
-    if getattr(original, "_keras_vllm_patch", False):
-        return
+    def capped_on_cpu(original):
+        def determine_available_memory(self):
+            available = original(self)
+            if not detect.is_cpu_host():
+                return available
+            return capped(
+                available, self.get_kv_cache_specs(), self.vllm_config
+            )
 
-    def determine_available_memory(self):
-        available = original(self)
-        if not detect.is_cpu_host():
-            return available
-        return capped(available, self.get_kv_cache_specs(), self.vllm_config)
+        return determine_available_memory
 
-    determine_available_memory._keras_vllm_patch = True
-    Executor.determine_available_memory = determine_available_memory
+    patching.replace(
+        Executor, "determine_available_memory", capped_on_cpu
+    )

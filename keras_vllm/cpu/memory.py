@@ -7,8 +7,8 @@ devices).
 """
 
 from keras_vllm import envs
-from keras_vllm.cpu.rebinding import all_cpu as _all_cpu
-from keras_vllm.cpu.rebinding import rebind as _rebind
+from keras_vllm.cpu.device_checks import all_cpu as _all_cpu
+from keras_vllm import patching
 
 _GIB = 1 << 30
 
@@ -41,31 +41,34 @@ def patch_memory_accounting():
     import tpu_inference.utils as ti_utils
     from tpu_inference.platforms.tpu_platform import TpuPlatform
 
-    original_usage = ti_utils.hbm_usage_bytes
-    if getattr(original_usage, "_keras_vllm_patch", False):
-        return
+    def usage_on_cpu(original_usage):
+        def hbm_usage_bytes(devices):
+            """CPU: (live-array bytes, fake budget) per device; else original."""
+            devices = list(devices)
+            if not _all_cpu(devices):
+                return original_usage(devices)
+            limit = _memory_budget_bytes()
+            return [(used, limit) for used in _live_bytes_per_device(devices)]
 
-    def hbm_usage_bytes(devices):
-        """CPU: (live-array bytes, fake budget) per device; else original."""
-        devices = list(devices)
-        if not _all_cpu(devices):
-            return original_usage(devices)
-        limit = _memory_budget_bytes()
-        return [(used, limit) for used in _live_bytes_per_device(devices)]
+        return hbm_usage_bytes
 
-    hbm_usage_bytes._keras_vllm_patch = True
-    _rebind(original_usage, hbm_usage_bytes, ti_utils, "hbm_usage_bytes")
+    hbm_usage_bytes = patching.replace(
+        ti_utils, "hbm_usage_bytes", usage_on_cpu, everywhere="tpu_inference"
+    )
 
-    original_mem_get_info = TpuPlatform.mem_get_info.__func__
+    def info_on_cpu(original):
+        original_mem_get_info = original.__func__
 
-    def mem_get_info(cls):
-        """CPU: (free, total) summed over local devices, like the original."""
-        import jax
-        devices = jax.local_devices()
-        if not _all_cpu(devices):
-            return original_mem_get_info(cls)
-        usage = hbm_usage_bytes(devices)
-        total = sum(limit for _, limit in usage)
-        return total - sum(used for used, _ in usage), total
+        def mem_get_info(cls):
+            """CPU: (free, total) summed over local devices, like the original."""
+            import jax
+            devices = jax.local_devices()
+            if not _all_cpu(devices):
+                return original_mem_get_info(cls)
+            usage = hbm_usage_bytes(devices)
+            total = sum(limit for _, limit in usage)
+            return total - sum(used for used, _ in usage), total
 
-    TpuPlatform.mem_get_info = classmethod(mem_get_info)
+        return classmethod(mem_get_info)
+
+    patching.replace(TpuPlatform, "mem_get_info", info_on_cpu)

@@ -32,46 +32,22 @@ not be initialized there (a forked child aborts if it was), so the patches
 cannot ask JAX which devices exist when they are installed.
 """
 
-import importlib.metadata
 import logging
 import warnings
 
 from keras_vllm import envs
+from keras_vllm import patching
 from keras_vllm.cpu import buckets
 from keras_vllm.cpu import detect
 from keras_vllm.cpu import kv_capacity
 from keras_vllm.cpu import memory
 from keras_vllm.cpu import ragged_paged_attention as cpu_rpa
-from keras_vllm.cpu.rebinding import all_cpu as _all_cpu
-from keras_vllm.cpu.rebinding import jax_initialized as _jax_initialized
-from keras_vllm.cpu.rebinding import rebind as _rebind
+from keras_vllm.cpu.device_checks import all_cpu as _all_cpu
+from keras_vllm.cpu.device_checks import jax_initialized as _jax_initialized
 
 logger = logging.getLogger("keras_vllm")
 
-# The versions whose private APIs these patches target.
-PINNED_VERSIONS = {"tpu-inference": "0.32.0", "vllm-tpu": "0.32.0"}
-
 _applied = False
-
-
-def check_versions():
-    """Raises unless the pinned vllm-tpu and tpu-inference are installed.
-
-    Raises:
-        RuntimeError: a package is missing or has another version. The
-            patches rely on private functions of exactly these versions.
-    """
-    for package, required in PINNED_VERSIONS.items():
-        try:
-            installed = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            installed = None
-        if installed != required:
-            raise RuntimeError(
-                f"keras-vllm's CPU backend needs {package}=={required}, but "
-                f"{'it is not installed' if installed is None else installed + ' is installed'}. "
-                f"Install the pinned serving stack with: "
-                f'pip install "keras-vllm[serving]"')
 
 
 def apply_patches():
@@ -82,13 +58,13 @@ def apply_patches():
     it does nothing.
 
     Raises:
-        RuntimeError: the installed vllm-tpu / tpu-inference are not the
-            pinned versions (see `check_versions`).
+        ServingError: the installed vllm-tpu / tpu-inference are not the
+            pinned versions (`keras_vllm.patching.check_versions`).
     """
     global _applied
     if _applied:
         return
-    check_versions()
+    patching.check_versions()
     if _jax_initialized() and not _all_cpu():
         logger.info("keras-vllm: JAX has non-CPU devices; CPU patches skipped.")
         return
@@ -106,7 +82,7 @@ def apply_patches():
     )
     _applied = True
     logger.info("keras-vllm: CPU patches for tpu-inference %s applied.",
-                PINNED_VERSIONS["tpu-inference"])
+                patching.PINNED_VERSIONS["tpu-inference"])
 
 
 def disable_async_scheduling_if_cpu(vllm_config):
@@ -147,9 +123,11 @@ def disable_async_scheduling_if_cpu(vllm_config):
 def _patch_mesh():
     import tpu_inference.utils as ti_utils
 
-    original = ti_utils.make_optimized_mesh
-    if getattr(original, "_keras_vllm_patch", False):
-        return
+    patching.replace(ti_utils, "make_optimized_mesh", _mesh_on_cpu,
+                     everywhere="tpu_inference")
+
+
+def _mesh_on_cpu(original):
 
     def make_optimized_mesh(axis_shapes, axis_names, *, devices=None):
         """CPU: devices in their given order (no `.coords`); else original.
@@ -167,8 +145,7 @@ def _patch_mesh():
         grid = np.array(candidates[:count]).reshape(tuple(axis_shapes))
         return jax.sharding.Mesh(grid, tuple(axis_names))
 
-    make_optimized_mesh._keras_vllm_patch = True
-    _rebind(original, make_optimized_mesh, ti_utils, "make_optimized_mesh")
+    return make_optimized_mesh
 
 
 # ---------------------------------------------------------------------------
@@ -189,11 +166,11 @@ def _patch_attention_kernels():
         (rpa_hd64, "ragged_paged_attention_hd64",
          cpu_rpa.ragged_paged_attention_hd64),
     ):
-        original = getattr(module, name)
-        if getattr(original, "_keras_vllm_patch", False):
-            continue
-        _rebind(original, _kernel_dispatcher(original, cpu_kernel), module,
-                name)
+        patching.replace(
+            module, name,
+            lambda original, cpu=cpu_kernel: _kernel_dispatcher(original, cpu),
+            everywhere="tpu_inference",
+        )
 
 
 def _kernel_dispatcher(tpu_kernel, cpu_kernel):
@@ -212,7 +189,6 @@ def _kernel_dispatcher(tpu_kernel, cpu_kernel):
     kernel.__name__ = tpu_kernel.__name__
     kernel.__doc__ = (f"CPU-aware `{tpu_kernel.__name__}` (keras-vllm): "
                       f"the pure-JAX kernel on CPU, the Pallas kernel on TPU.")
-    kernel._keras_vllm_patch = True
     return kernel
 
 
@@ -228,11 +204,8 @@ def _patch_compiler_options():
 
     for name in ("get_step_fn_compiler_options",
                  "get_sampling_compiler_options"):
-        original = getattr(compiler_options, name)
-        if getattr(original, "_keras_vllm_patch", False):
-            continue
-        _rebind(original, _cpu_empty_options(original), compiler_options,
-                name)
+        patching.replace(compiler_options, name, _cpu_empty_options,
+                         everywhere="tpu_inference")
     _patch_jax_compile_options()
 
 
@@ -245,7 +218,6 @@ def _cpu_empty_options(original):
 
     options.__name__ = original.__name__
     options.__doc__ = f"`{original.__name__}`, but {{}} on CPU (keras-vllm)."
-    options._keras_vllm_patch = True
     return options
 
 
@@ -255,22 +227,20 @@ def _patch_jax_compile_options():
     `compiler_options` of `jax.jit`)."""
     from jax._src import compiler
 
-    original = compiler.get_compile_options
-    if getattr(original, "_keras_vllm_patch", False):
-        return
+    def without_tpu_options(original):
+        def get_compile_options(*args, **kwargs):
+            overrides = kwargs.get("env_options_overrides")
+            backend = kwargs.get("backend")
+            if overrides and backend is not None and backend.platform == "cpu":
+                kwargs["env_options_overrides"] = {
+                    key: value for key, value in overrides.items()
+                    if not key.startswith("xla_tpu_")
+                }
+            return original(*args, **kwargs)
 
-    def get_compile_options(*args, **kwargs):
-        overrides = kwargs.get("env_options_overrides")
-        backend = kwargs.get("backend")
-        if overrides and backend is not None and backend.platform == "cpu":
-            kwargs["env_options_overrides"] = {
-                key: value for key, value in overrides.items()
-                if not key.startswith("xla_tpu_")
-            }
-        return original(*args, **kwargs)
+        return get_compile_options
 
-    get_compile_options._keras_vllm_patch = True
-    compiler.get_compile_options = get_compile_options
+    patching.replace(compiler, "get_compile_options", without_tpu_options)
 
 
 # ---------------------------------------------------------------------------
@@ -295,22 +265,21 @@ def _patch_host_to_device_copies():
     """
     from tpu_inference.layers.common import utils as common_utils
 
-    original = common_utils.general_device_put
-    if getattr(original, "_keras_vllm_patch", False):
-        return
+    def copying_on_cpu(original):
+        def general_device_put(tensor, sharding, **kwargs):
+            import jax
+            import numpy as np
+            if _all_cpu(sharding.device_set):
+                tensor = jax.tree.map(
+                    lambda t: np.array(t, copy=True)
+                    if isinstance(t, np.ndarray) else t, tensor)
+            return original(tensor, sharding, **kwargs)
 
-    def general_device_put(tensor, sharding, **kwargs):
-        import jax
-        import numpy as np
-        if _all_cpu(sharding.device_set):
-            tensor = jax.tree.map(
-                lambda t: np.array(t, copy=True)
-                if isinstance(t, np.ndarray) else t, tensor)
-        return original(tensor, sharding, **kwargs)
+        general_device_put.__doc__ = original.__doc__
+        return general_device_put
 
-    general_device_put._keras_vllm_patch = True
-    general_device_put.__doc__ = original.__doc__
-    _rebind(original, general_device_put, common_utils, "general_device_put")
+    patching.replace(common_utils, "general_device_put", copying_on_cpu,
+                     everywhere="tpu_inference")
 
 
 # ---------------------------------------------------------------------------
@@ -322,9 +291,12 @@ def _patch_host_to_device_copies():
 def _patch_async_scheduling():
     from tpu_inference.platforms.tpu_platform import TpuPlatform
 
-    original = TpuPlatform.check_and_update_config.__func__
-    if getattr(original, "_keras_vllm_patch", False):
-        return
+    patching.replace(TpuPlatform, "check_and_update_config",
+                     _cpu_config_checks)
+
+
+def _cpu_config_checks(original_method):
+    original = original_method.__func__
 
     def check_and_update_config(cls, vllm_config):
         # Before the original: it may be the last call before vLLM starts
@@ -342,5 +314,4 @@ def _patch_async_scheduling():
         if detect.is_cpu_host():
             buckets.add_one_token_bucket(vllm_config)
 
-    check_and_update_config._keras_vllm_patch = True
-    TpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+    return classmethod(check_and_update_config)

@@ -18,8 +18,8 @@ import types
 import numpy as np
 
 from keras_vllm import format as fmt
-from keras_vllm import presets
-from keras_vllm import weights as weight_io
+from keras_vllm.hub import presets
+from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ExportError
 
 logger = logging.getLogger("keras_vllm")

@@ -16,7 +16,7 @@ import logging
 
 import numpy as np
 
-from keras_vllm import presets
+from keras_vllm.hub import presets
 
 logger = logging.getLogger("keras_vllm")
 

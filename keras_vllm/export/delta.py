@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from keras_vllm import weights as weight_io
+from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ExportError
 from keras_vllm.export import quantized
 

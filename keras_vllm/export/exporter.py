@@ -4,11 +4,11 @@ import logging
 import os
 
 from keras_vllm import format as fmt
-from keras_vllm import presets
+from keras_vllm.hub import presets
 from keras_vllm import progress
-from keras_vllm import reference
+from keras_vllm.hub import reference
 from keras_vllm import signing
-from keras_vllm import weights as weight_io
+from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.export import adapter as adapter_export

@@ -3,7 +3,7 @@ that it can be exported at all, the preset it came from, its dtype and the
 longest sequence to serve."""
 
 from keras_vllm import format as fmt
-from keras_vllm import presets
+from keras_vllm.hub import presets
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
 

@@ -12,7 +12,7 @@ quantized computation.
 import numpy as np
 
 from keras_vllm import format as fmt
-from keras_vllm import weights as weight_io
+from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
 

@@ -14,10 +14,10 @@ from concurrent import futures
 
 import numpy as np
 
-from keras_vllm import classes
+from keras_vllm.hub import classes
 from keras_vllm import format as fmt
 from keras_vllm import progress
-from keras_vllm import reference
+from keras_vllm.hub import reference
 from keras_vllm.errors import UnsupportedModelError
 
 TOKENIZER_PROBES = ("Hello world!", "héllo wörld 日本 🙂", "  tabs\tand\nlines ")

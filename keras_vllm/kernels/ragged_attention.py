@@ -3,7 +3,7 @@
 One kernel for every paged attention keras-vllm runs without Pallas: the
 CPU backend's stand-in for tpu-inference's RPA v3 kernels
 (`keras_vllm.cpu`), and the ALiBi families' attention on CPU and TPU
-(`keras_vllm.layers.alibi_attention`). It is written with `lax` control
+(`keras_vllm.layers.common.alibi_attention`). It is written with `lax` control
 flow, so it traces once and runs inside a jitted step function.
 
 Semantics follow tpu-inference 0.32.0's RPA v3 kernels (verified against

@@ -12,10 +12,10 @@ slopes are computed here from its `alibi_bias_max` and applied per unit of
 from keras import ops
 from keras_hub.src.models.bloom.bloom_attention import BloomAttention
 
-from keras_vllm.layers.alibi_attention import alibi_slopes
-from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import PagedAttention
-from keras_vllm.layers.registry import register_paged
+from keras_vllm.layers.common.alibi_attention import alibi_slopes
+from keras_vllm.layers.common.base import KVCacheSpec
+from keras_vllm.layers.common.base import PagedAttention
+from keras_vllm.layers.common.registry import register_paged
 
 
 @register_paged(BloomAttention)

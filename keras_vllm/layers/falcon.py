@@ -12,10 +12,10 @@ paged attention (equal under softmax).
 from keras import ops
 from keras_hub.src.models.falcon.falcon_attention import FalconAttention
 
-from keras_vllm.layers.alibi_attention import alibi_slopes
-from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import PagedAttention
-from keras_vllm.layers.registry import register_paged
+from keras_vllm.layers.common.alibi_attention import alibi_slopes
+from keras_vllm.layers.common.base import KVCacheSpec
+from keras_vllm.layers.common.base import PagedAttention
+from keras_vllm.layers.common.registry import register_paged
 
 
 @register_paged(FalconAttention)

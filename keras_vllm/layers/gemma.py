@@ -10,8 +10,8 @@ the backbone's own head.
 
 from keras_hub.src.models.gemma.gemma_attention import CachedGemmaAttention
 
-from keras_vllm.layers.gemma_attention import GemmaPagedAttention
-from keras_vllm.layers.registry import register_paged
+from keras_vllm.layers.common.gemma_attention import GemmaPagedAttention
+from keras_vllm.layers.common.registry import register_paged
 
 
 @register_paged(CachedGemmaAttention)

@@ -16,8 +16,8 @@ generation and is refused.
 from keras_hub.src.models.gemma3.gemma3_attention import CachedGemma3Attention
 
 from keras_vllm.errors import UnsupportedModelError
-from keras_vllm.layers.gemma_attention import GemmaPagedAttention
-from keras_vllm.layers.registry import register_paged
+from keras_vllm.layers.common.gemma_attention import GemmaPagedAttention
+from keras_vllm.layers.common.registry import register_paged
 
 
 @register_paged(CachedGemma3Attention)

@@ -13,10 +13,10 @@ from keras_hub.src.layers.modeling.cached_multi_head_attention import (
 )
 from keras_hub.src.layers.modeling.position_embedding import PositionEmbedding
 
-from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import PagedAttention
-from keras_vllm.layers.base import PagedPositionLayer
-from keras_vllm.layers.registry import register_paged
+from keras_vllm.layers.common.base import KVCacheSpec
+from keras_vllm.layers.common.base import PagedAttention
+from keras_vllm.layers.common.base import PagedPositionLayer
+from keras_vllm.layers.common.registry import register_paged
 
 
 @register_paged(CachedMultiHeadAttention)

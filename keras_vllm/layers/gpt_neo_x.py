@@ -11,15 +11,15 @@ KerasHub 0.32's own cached decoding is wrong: it caches pre-RoPE keys and
 rotates the query and the whole cache without a start index, so a decode
 step puts the query at position 0. Its `generate()` is therefore not the
 reference for this family; the full forward pass is, and that is what this
-layer matches (`keras_vllm.reference.greedy_by_forward_pass`).
+layer matches (`keras_vllm.hub.reference.greedy_by_forward_pass`).
 """
 
 from keras import ops
 from keras_hub.src.models.gpt_neo_x.gpt_neo_x_attention import GPTNeoXAttention
 
-from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import PagedAttention
-from keras_vllm.layers.registry import register_paged
+from keras_vllm.layers.common.base import KVCacheSpec
+from keras_vllm.layers.common.base import PagedAttention
+from keras_vllm.layers.common.registry import register_paged
 
 
 @register_paged(GPTNeoXAttention)

@@ -7,10 +7,10 @@ attention with unexpanded K/V; softmax scale `1/sqrt(head_dim)`.
 
 from keras_hub.src.models.llama.llama_attention import LlamaAttention
 
-from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import head_size
-from keras_vllm.layers.registry import register_paged
-from keras_vllm.layers.rotary_attention import RotaryPagedAttention
+from keras_vllm.layers.common.base import KVCacheSpec
+from keras_vllm.layers.common.base import head_size
+from keras_vllm.layers.common.registry import register_paged
+from keras_vllm.layers.common.rotary_attention import RotaryPagedAttention
 
 
 @register_paged(LlamaAttention)

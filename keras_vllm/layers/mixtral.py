@@ -11,9 +11,9 @@ from keras_hub.src.models.mixtral.mixtral_attention import (
     CachedMixtralAttention,
 )
 
-from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.registry import register_paged
-from keras_vllm.layers.rotary_attention import RotaryPagedAttention
+from keras_vllm.layers.common.base import KVCacheSpec
+from keras_vllm.layers.common.registry import register_paged
+from keras_vllm.layers.common.rotary_attention import RotaryPagedAttention
 
 
 @register_paged(CachedMixtralAttention)

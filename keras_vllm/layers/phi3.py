@@ -25,11 +25,11 @@ from keras_hub.src.models.phi3.phi3_rotary_embedding import (
     Phi3SuScaledRotaryEmbedding,
 )
 
-from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import head_size
-from keras_vllm.layers.base import PagedAttention
-from keras_vllm.layers.context import require_context
-from keras_vllm.layers.registry import register_paged
+from keras_vllm.layers.common.base import KVCacheSpec
+from keras_vllm.layers.common.base import head_size
+from keras_vllm.layers.common.base import PagedAttention
+from keras_vllm.layers.common.context import require_context
+from keras_vllm.layers.common.registry import register_paged
 
 
 def _sequence_lengths(layer, num_tokens):

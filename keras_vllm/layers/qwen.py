@@ -10,10 +10,10 @@ the whole context and so does this layer.
 
 from keras_hub.src.models.qwen.qwen_attention import QwenAttention
 
-from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import head_size
-from keras_vllm.layers.registry import register_paged
-from keras_vllm.layers.rotary_attention import RotaryPagedAttention
+from keras_vllm.layers.common.base import KVCacheSpec
+from keras_vllm.layers.common.base import head_size
+from keras_vllm.layers.common.registry import register_paged
+from keras_vllm.layers.common.rotary_attention import RotaryPagedAttention
 
 
 @register_paged(QwenAttention)

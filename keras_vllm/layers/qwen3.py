@@ -11,9 +11,9 @@ attends over the whole context and so does this layer.
 
 from keras_hub.src.models.qwen3.qwen3_attention import Qwen3Attention
 
-from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import PagedAttention
-from keras_vllm.layers.registry import register_paged
+from keras_vllm.layers.common.base import KVCacheSpec
+from keras_vllm.layers.common.base import PagedAttention
+from keras_vllm.layers.common.registry import register_paged
 
 
 @register_paged(Qwen3Attention)

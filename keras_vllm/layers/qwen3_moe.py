@@ -13,9 +13,9 @@ from keras_hub.src.models.qwen3_moe.qwen3_moe_attention import (
     Qwen3MoeAttention,
 )
 
-from keras_vllm.layers.base import PagedAttention
+from keras_vllm.layers.common.base import PagedAttention
 from keras_vllm.layers.qwen3 import PagedQwen3Attention
-from keras_vllm.layers.registry import register_paged
+from keras_vllm.layers.common.registry import register_paged
 
 
 @register_paged(Qwen3MoeAttention)

@@ -11,10 +11,10 @@ feed-forward (with its shared expert) runs as the backbone's own layer
 
 from keras_hub.src.models.qwen_moe.qwen_moe_attention import QwenMoeAttention
 
-from keras_vllm.layers.base import KVCacheSpec
-from keras_vllm.layers.base import head_size
-from keras_vllm.layers.registry import register_paged
-from keras_vllm.layers.rotary_attention import RotaryPagedAttention
+from keras_vllm.layers.common.base import KVCacheSpec
+from keras_vllm.layers.common.base import head_size
+from keras_vllm.layers.common.registry import register_paged
+from keras_vllm.layers.common.rotary_attention import RotaryPagedAttention
 
 
 @register_paged(QwenMoeAttention)

@@ -15,7 +15,7 @@ import keras
 
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.layers import families  # noqa: F401  (registers them all)
-from keras_vllm.layers import registry
+from keras_vllm.layers.common import registry
 
 
 def registered_classes():

@@ -12,7 +12,7 @@ import numpy as np
 
 from keras_vllm import format as fmt
 from keras_vllm import progress
-from keras_vllm import weights as weight_io
+from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.load import adapter_checks
 from keras_vllm.load import rebuild

@@ -42,7 +42,7 @@ def target_names(base_manifest):
     """The layer names a base serves adapters on: its backbone class's
     `default_lora_layer_names()`, the layers `backbone.enable_lora(rank)`
     fine-tunes."""
-    from keras_vllm import classes
+    from keras_vllm.hub import classes
 
     try:
         cls = classes.resolve(

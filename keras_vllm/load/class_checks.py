@@ -5,7 +5,7 @@ runs these checks before vLLM forks, and the tokenizer adapter in vLLM's
 front-end processes.
 """
 
-from keras_vllm import classes
+from keras_vllm.hub import classes
 from keras_vllm.errors import ArtifactError
 
 

@@ -5,9 +5,9 @@ import os
 import numpy as np
 
 from keras_vllm import format as fmt
-from keras_vllm import presets
+from keras_vllm.hub import presets
 from keras_vllm import progress
-from keras_vllm import reference
+from keras_vllm.hub import reference
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.load.class_checks import check_config_keys

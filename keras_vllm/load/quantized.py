@@ -9,7 +9,7 @@ variables of unquantized layers from the preset).
 """
 
 from keras_vllm import format as fmt
-from keras_vllm import weights as weight_io
+from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
 

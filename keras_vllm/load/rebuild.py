@@ -7,11 +7,11 @@ and tokenizers from them, `adapter` an adapter's base and factors.
 """
 
 from keras_vllm import format as fmt
-from keras_vllm import classes
-from keras_vllm import presets
+from keras_vllm.hub import classes
+from keras_vllm.hub import presets
 from keras_vllm import progress
-from keras_vllm import serving_imports
-from keras_vllm import weights as weight_io
+from keras_vllm.hub import imports
+from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.load import quantized
@@ -42,7 +42,7 @@ def construct(cls, config, role):
             return cls.from_config(config)
     except Exception as e:  # Keras and keras-hub raise many types
         if "tensorflow" in str(e).lower() and (
-            serving_imports.imported_without_tensorflow()
+            imports.imported_without_tensorflow()
         ):
             # A class that asserts TensorFlow in its constructor (a few
             # keras-hub preprocessors) in a process that imported keras-hub

@@ -12,7 +12,7 @@ import pytest
 from helpers import serving_checks
 from helpers import trained_models
 from helpers.trained_models import trained
-from keras_vllm import reference
+from keras_vllm.hub import reference
 
 # Every family, each in its tested tiny variant (`trained_models.VARIANTS`:
 # rope scaling, windows shorter than the prompts, Gemma 3's global layer,

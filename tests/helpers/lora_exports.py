@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from keras_vllm import format as fmt
-from keras_vllm import reference
+from keras_vllm.hub import reference
 from keras_vllm import testing
-from keras_vllm import weights as weight_io
+from keras_vllm.hub import weights as weight_io
 
 from helpers.trained_models import lora_fine_tune
 from helpers.trained_models import trained

@@ -10,7 +10,7 @@ import weakref
 import pytest
 
 from helpers import engine_shapes
-from keras_vllm import reference
+from keras_vllm.hub import reference
 from keras_vllm import testing
 
 NEW_TOKENS = 32

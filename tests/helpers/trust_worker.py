@@ -34,8 +34,8 @@ def _on_alarm(signum, frame):
 
 def _reader_functions():
     import keras_vllm
-    from keras_vllm import cli
-    from keras_vllm.load.vllm_tokenizer import KerasVllmTokenizer
+    from keras_vllm.cli.commands import main as cli
+    from keras_vllm.serve.tokenizer import KerasVllmTokenizer
 
     def keras(path):
         keras_vllm.load_causal_lm(path, verbose=False)

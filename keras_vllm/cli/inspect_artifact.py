@@ -1,0 +1,119 @@
+"""Human-readable summaries of an artifact (used by `keras-vllm inspect`)."""
+
+import os
+
+from keras_vllm import format as fmt
+
+
+def _size(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def weights_line(manifest):
+    """Which weights an artifact stores, e.g. "delta: 3 of 36 variables,
+    1.2 KiB" (printed by `keras-vllm export` and `inspect`)."""
+    weights = manifest["weights"]
+    return (
+        f"{weights['mode']}: {len(weights['variables'])} of "
+        f"{weights.get('total_variables', '?')} variables, "
+        f"{_size(weights.get('bytes', 0))}"
+    )
+
+
+def quantization_line(manifest):
+    """E.g. "int8: 15 layers", or "no" for a float model."""
+    modes = fmt.quantization.modes(manifest)
+    if not modes:
+        return "no"
+    return ", ".join(
+        f"{mode}: {count} layer{'s' if count > 1 else ''}"
+        for mode, count in sorted(modes.items())
+    )
+
+
+def summary(path, manifest):
+    """Returns a multi-line summary of a validated manifest."""
+    preset = manifest.get("preset")
+    files = manifest["files"]
+    family = manifest["backbone"]["class_name"].removesuffix("Backbone")
+    lines = [
+        f"artifact        {os.path.abspath(path)}",
+        f"format          {fmt.FORMAT_NAME} "
+        f"{'.'.join(map(str, manifest['format_version']))}",
+        f"family          {family} ({manifest['causal_lm']['class_name']})",
+        f"parameters      {manifest.get('parameter_count', 0):,}",
+        f"dtype           {manifest['dtype']}",
+        f"quantized       {quantization_line(manifest)}",
+        f"preset          {preset['handle'] if preset else '(none)'}",
+        f"weights         {weights_line(manifest)}",
+        f"tokenizer       {manifest['tokenizer']['class_name']}",
+        f"sampler         {manifest['sampler']['class_name']} "
+        f"{manifest['sampler']['config']}",
+        f"stop tokens     {manifest['stop_token_ids']}",
+        f"max length      {manifest['max_sequence_length']}",
+        f"servable        {'yes' if manifest.get('servable', True) else 'no'}",
+        "written by      "
+        + ", ".join(f"{k} {v}" for k, v in sorted(manifest["written_by"].items())),
+        "signature       "
+        + (
+            f"{fmt.SIGNATURE_FILE} (check it with --public-key)"
+            if os.path.isfile(os.path.join(path, fmt.SIGNATURE_FILE))
+            else "none (keras-vllm sign)"
+        ),
+        f"files           {len(files)} files, "
+        f"{_size(sum(f['bytes'] for f in files.values()))}",
+    ]
+    for rel in sorted(files):
+        if not rel.startswith(fmt.WEIGHTS_DIR + "/"):
+            lines.append(f"  {rel:<40} {_size(files[rel]['bytes'])}")
+    weight_files = [r for r in files if r.startswith(fmt.WEIGHTS_DIR + "/")]
+    if weight_files:
+        total = sum(files[r]["bytes"] for r in weight_files)
+        lines.append(
+            f"  {fmt.WEIGHTS_DIR + '/':<40} {_size(total)} "
+            f"({len(weight_files)} orbax files)"
+        )
+    return "\n".join(lines)
+
+
+# Real models have at most a few hundred layers.
+_MAX_TABLE_LAYERS = 512
+
+
+def tensor_parallel_lines(path, manifest):
+    """Per-device weight and KV cache bytes at TP = 1, 2, 4, 8 (stored
+    dtype), from the backbone built with shapes only."""
+    from keras_vllm.serve.worker import capacity
+
+    if not manifest.get("servable", True):
+        return []
+    config = fmt.open_artifact(path, verify=False).read_json(fmt.CONFIG_FILE)
+    layers = int(config["num_hidden_layers"])
+    if layers > _MAX_TABLE_LAYERS:
+        # The table builds the backbone (shapes only), in time linear in its
+        # layers: bounded, so that a hostile config cannot stall inspect.
+        return [
+            f"per device      (not computed: {layers} layers, more than "
+            f"{_MAX_TABLE_LAYERS})"
+        ]
+    rows = capacity.per_device(
+        capacity.abstract_backbone(manifest), config, manifest["dtype"]
+    )
+    lines = [
+        "per device      TP  weights (stored)  KV cache per token"
+    ]
+    for size, weights, kv in rows:
+        if weights is None:
+            lines.append(
+                f"                {size:>2}  (attention heads do not split "
+                f"over {size})"
+            )
+        else:
+            lines.append(
+                f"                {size:>2}  {_size(weights):>18}  {_size(kv):>18}"
+            )
+    return lines
+

@@ -1,0 +1,88 @@
+"""The per-step serving context that paged layers read.
+
+vLLM hands the model one flat ragged batch per step: token ids, their
+positions, the attention metadata and one KV cache per attention layer.
+KerasHub's backbone graph has no arguments for these, so the model class
+opens a `ServingContext` around the backbone call and paged layers read it.
+The context is plain Python state that only lives while the step is being
+traced; nothing in it is a JAX side effect.
+"""
+
+import contextlib
+import threading
+
+_local = threading.local()
+
+
+class ServingContext:
+    """State of one forward step over vLLM's flat token batch.
+
+    Args:
+        kv_caches: list of KV cache arrays, one per attention layer.
+        attention_metadata: tpu-inference's `AttentionMetadata`.
+        positions: int32 array `[T]`, each token's position in its sequence.
+        mesh: the device mesh the model runs on.
+        lora_slots: int32 array `[T]`, each token's LoRA adapter slot (0:
+            none), or None when no adapters are served
+            (`keras_vllm.layers.common.lora_slots`).
+    """
+
+    def __init__(self, kv_caches, attention_metadata, positions, mesh=None,
+                 lora_slots=None):
+        self.kv_caches = list(kv_caches)
+        self.lora_slots = lora_slots
+        self.attention_metadata = attention_metadata
+        self.positions = positions
+        self.mesh = mesh
+        self.calls = [0] * len(self.kv_caches)
+
+    def read_cache(self, index):
+        if not 0 <= index < len(self.kv_caches):
+            raise RuntimeError(
+                f"Paged attention layer asked for KV cache {index}, but vLLM "
+                f"allocated {len(self.kv_caches)}. The artifact's config.json "
+                "and the backbone disagree on the number of attention layers."
+            )
+        return self.kv_caches[index]
+
+    def write_cache(self, index, value):
+        self.kv_caches[index] = value
+        self.calls[index] += 1
+
+    def check_all_used_once(self):
+        """Fails loudly if a layer was skipped or ran twice in one step."""
+        bad = [i for i, n in enumerate(self.calls) if n != 1]
+        if bad:
+            raise RuntimeError(
+                "Paged attention ran "
+                + ", ".join(f"{self.calls[i]} times for layer {i}" for i in bad)
+                + "; every attention layer must run exactly once per step. "
+                "A layer of this backbone bypasses its paged subclass."
+            )
+
+
+def current_context():
+    """Returns the active `ServingContext`, or None outside serving."""
+    return getattr(_local, "context", None)
+
+
+@contextlib.contextmanager
+def serving_context(context):
+    """Makes `context` the active serving context within the block."""
+    previous = current_context()
+    _local.context = context
+    try:
+        yield context
+    finally:
+        _local.context = previous
+
+
+def require_context(layer):
+    context = current_context()
+    if context is None:
+        raise RuntimeError(
+            f"{type(layer).__name__} is a paged (vLLM) layer and runs only "
+            "inside a serving step. Use the original KerasHub model for "
+            "dense inference."
+        )
+    return context

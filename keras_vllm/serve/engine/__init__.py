@@ -1,0 +1,6 @@
+"""`KerasVllmEngine`, in the caller's process.
+
+- `engine`: `KerasVllmEngine` (`from_export`, `generate`, `chat`, ...).
+- `adapters`: many LoRA adapters over one base.
+- `updates`: new weights for a running engine.
+"""

@@ -1,0 +1,334 @@
+"""`KerasVllmEngine`: a vLLM engine over a keras-vllm artifact."""
+
+import logging
+import os
+import threading
+
+from keras_vllm.serve.engine import adapters as engine_adapters
+from keras_vllm.serve.process import start as engine_process
+from keras_vllm.serve import preflight
+from keras_vllm.serve.engine import updates
+from keras_vllm import envs
+from keras_vllm import format as fmt
+from keras_vllm import logs
+from keras_vllm import progress
+
+logger = logging.getLogger("keras_vllm")
+
+
+class KerasVllmEngine:
+    """A vLLM engine (continuous batching, paged KV cache) over an artifact.
+
+    Use `KerasVllmEngine.from_export(path)`; `.llm` is the `vllm.LLM`.
+
+    Example:
+
+    ```python
+    engine = keras_vllm.KerasVllmEngine.from_export("exports/gemma2_tuned")
+    outputs = engine.generate(["The quick brown fox"])
+    print(outputs[0].outputs[0].text)
+    ```
+    """
+
+    def __init__(self, llm, path, manifest, preset=None, public_key=None,
+                 adapters=None):
+        self.llm = llm
+        # `engine_adapters.AdapterSet` of a multi-adapter engine, else None.
+        self.adapters = adapters
+        self.path = path
+        self.manifest = manifest
+        # The served manifest's SHA-256 (None after a live-model update).
+        self.artifact_hash = fmt.manifest_hash(path)
+        self._preset, self._public_key = preset, public_key
+        # vLLM's `LLM` is synchronous: one generate or update at a time.
+        self._lock = threading.RLock()
+        self._live_updates = 0
+        updates.label_weights(self)
+
+    @classmethod
+    def from_export(cls, path, verbose="auto", preset=None, public_key=None,
+                    adapters=None, max_loras=None, max_lora_rank=None,
+                    **engine_kwargs):
+        """Starts a vLLM engine on a keras-vllm artifact.
+
+        The artifact is verified first (its signature when a public key is
+        required, checksums, manifest, consistency of its files, class
+        allowlist, preset availability, tokenizer), in this process, so a
+        bad artifact or setting is refused before vLLM starts. Sampling
+        defaults come from the exported model's compiled sampler
+        (`generation_config.json`), `max_model_len` from the artifact. Any `vllm.LLM` keyword argument
+        overrides the defaults.
+
+        vLLM's start-up logs are kept to warnings and errors unless
+        `verbose=True` (or `KERAS_VLLM_VERBOSE=1`); on a terminal one
+        progress line per phase shows what is happening.
+
+        Args:
+            path: the artifact directory.
+            verbose: `"auto"` draws progress lines on a terminal (not in CI);
+                `True` prints the phases and all of vLLM's logs; `False`
+                prints neither.
+            preset: where a delta artifact's preset is loaded from, instead
+                of the handle its manifest records (e.g. a copy on an
+                offline host); its files must hash to the recorded values.
+                Defaults to `KERAS_VLLM_PRESET`, else the recorded handle.
+            public_key: path of a PEM public key the artifact must be signed
+                by (`model.sig`); checked before anything else of it is read,
+                here and in vLLM's engine process. Defaults to
+                `KERAS_VLLM_PUBLIC_KEY`; unset, no signature is needed.
+            adapters: `{name: adapter artifact}` of LoRA adapters of this
+                base, served per request (`generate(..., adapter=name)`);
+                each is checked here, before vLLM starts.
+            max_loras: distinct adapters one step can serve (vLLM queues
+                requests of more); defaults to the number of `adapters`.
+            max_lora_rank: the largest adapter rank (one of vLLM's ranks);
+                defaults to the smallest that fits `adapters`.
+            **engine_kwargs: passed to `vllm.LLM`.
+
+        Returns:
+            A `KerasVllmEngine`.
+        """
+        from keras_vllm import _env  # noqa: F401
+        from keras_vllm.hub import imports
+
+        imports.import_keras_hub()
+        from keras_vllm.cpu import detect
+        from keras_vllm.cpu import devices
+
+        path = os.path.abspath(os.fspath(path))
+        with progress.verbosity(verbose):
+            # Everything the engine process would refuse is refused here, in
+            # this process and without starting JAX, before vLLM starts (and
+            # before its memory profiling run), as `vllm serve` refuses it.
+            plan = preflight.check(
+                path, engine_kwargs, preset, public_key, deep=True,
+                verbose="auto",
+            )
+            # The engine process opens the same files: hand it the hashes
+            # checked here so an engine start hashes the weights once.
+            plan.artifact.handoff()
+            manifest, kwargs, preset = plan.manifest, plan.engine_kwargs, plan.preset
+            served, lora_kwargs = engine_adapters.lora_engine_kwargs(
+                path, manifest, adapters, max_loras, max_lora_rank,
+                engine_kwargs,
+            )
+            kwargs.update(lora_kwargs)
+            if detect.is_cpu_host():
+                # The engine serves on CPU devices, also where this
+                # process imported JAX before JAX_PLATFORMS was set.
+                devices.pin_imported_jax_to_cpu()
+            engine_process.choose()
+            loud = verbose is True or envs.VERBOSE.get()
+            if public_key is not None:
+                public_key = os.path.abspath(os.fspath(public_key))
+            with logs.serving_logs(loud), preflight.for_engine(
+                {envs.PRESET: preset, envs.PUBLIC_KEY: public_key}
+            ), progress.phase(
+                "starting the vLLM engine (load, compile, warm up)", live=not loud
+            ):
+                import vllm
+
+                from keras_vllm.serve import plugin
+
+                # vLLM loads entry points in each process it starts;
+                # registering here too covers an in-process engine and
+                # editable installs.
+                plugin.register()
+                with engine_process.skips_main(), \
+                        engine_process.forks_frozen():
+                    llm = vllm.LLM(**kwargs)
+        return cls(llm, path, manifest, preset=preset, public_key=public_key,
+                   adapters=served)
+
+    def shutdown(self):
+        """Stops the vLLM engine and frees its KV cache and processes.
+
+        The engine cannot generate afterwards. `with` does this on exit:
+
+        ```python
+        with keras_vllm.KerasVllmEngine.from_export(path) as engine:
+            outputs = engine.generate(["The quick brown fox"])
+        ```
+        """
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            import psutil
+
+            try:
+                engine_core.shutdown()
+            except psutil.NoSuchProcess:
+                # vLLM lists the engine process's children while it exits
+                # (`kill_process_tree`); gone is what shutdown wants.
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.shutdown()
+
+    def check_golden(self):
+        """Replays the artifact's golden prompts through this engine.
+
+        The golden outputs were recorded at export with the reference the
+        manifest names (`golden_reference`), greedy, up to the first stop
+        token; `keras-vllm verify --engine` runs this.
+
+        Returns:
+            A list of `(prompt, expected_ids, served_ids)` for mismatches
+            (empty when the engine reproduces every recorded output).
+        """
+        from vllm import SamplingParams
+
+        opened = fmt.open_artifact(self.path, verify=False)
+        golden = opened.read_json(fmt.GOLDEN_FILE)
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=golden["max_new_tokens"],
+            stop_token_ids=self.manifest["stop_token_ids"],
+            skip_special_tokens=False,
+        )
+        records = golden["outputs"]
+        outputs = self.generate(
+            [{"prompt_token_ids": r["prompt_ids"]} for r in records],
+            params,
+            use_tqdm=False,
+        )
+        return [
+            (record["prompt"], record["output_ids"], served)
+            for record, output in zip(records, outputs)
+            if (served := list(output.outputs[0].token_ids))
+            != record["output_ids"]
+        ]
+
+    def weights_layout(self):
+        """How the served weights lie on the engine's devices.
+
+        Read in vLLM's worker, from the arrays the jitted step runs on.
+
+        Example:
+
+        ```python
+        engine = KerasVllmEngine.from_export(path, tensor_parallel_size=2)
+        layout = engine.weights_layout()
+        layout["devices"]  # bytes of weights on each device
+        layout["variables"]["backbone/token_embedding/embeddings"]["spec"]
+        ```
+
+        Returns:
+            The first worker's `{"devices": [bytes, ...], "variables":
+            {path: {"shape", "dtype", "spec", "bytes"}}}`.
+        """
+        with self._lock:
+            return self.llm.collective_rpc("keras_vllm_weights")[0]
+
+    def update_weights(self, source):
+        """Replaces the served weights, without a restart or a recompile.
+
+        `source` is a new export of the served model (same architecture,
+        dtype, tokenizer and vLLM files; other weights), verified as
+        `from_export` verifies it, or a live `CausalLM` for an engine in
+        this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`). Anything else is
+        refused (`ServingError`) before a weight is written, and the old
+        weights serve on. The update and `generate()` wait for each other,
+        so each request is answered by one set of weights; see
+        docs/UPDATES.md.
+
+        Example:
+
+        ```python
+        engine = KerasVllmEngine.from_export("exports/step_100")
+        engine.update_weights("exports/step_200")
+        engine.artifact_hash  # the manifest hash of exports/step_200
+        ```
+
+        Args:
+            source: an artifact directory, or a KerasHub `CausalLM`.
+
+        Returns:
+            `{"variables", "bytes", "seconds"}`: what the worker wrote and
+            how long the whole update took.
+        """
+        return updates.update_weights(self, source)
+
+    def _check_running(self):
+        if "llm" not in self.__dict__:
+            raise RuntimeError(
+                "This KerasVllmEngine was shut down; start a new one with "
+                "`KerasVllmEngine.from_export(path)`."
+            )
+
+    def add_adapter(self, name, path):
+        """Serves another LoRA adapter of the base, without a recompile.
+
+        Example: `engine.add_adapter("medical", "exports/medical")`.
+        """
+        engine_adapters.add_adapter(self, name, path)
+
+    def remove_adapter(self, name):
+        """Stops serving the adapter `name` (its slot is freed)."""
+        engine_adapters.remove_adapter(self, name)
+
+    def generate(self, prompts, sampling_params=None, adapter=None, **kwargs):
+        """Generates completions; see `vllm.LLM.generate`.
+
+        Example (a multi-adapter engine):
+
+        ```python
+        engine.generate(["Hi", "Hi"], params, adapter=["support", None])
+        ```
+
+        Args:
+            prompts: a string, a list of strings, or vLLM prompt dicts
+                (e.g. `{"prompt_token_ids": [...]}`).
+            sampling_params: `vllm.SamplingParams`; defaults to the exported
+                model's own sampler.
+            adapter: an adapter name for every prompt, or one name (None:
+                the base) per prompt; None serves the base.
+
+        Returns:
+            A list of vLLM `RequestOutput`.
+        """
+        count = 1 if isinstance(prompts, (str, dict)) else len(prompts)
+        return self._call("generate", prompts, count, sampling_params,
+                          adapter, kwargs)
+
+    def chat(self, messages, sampling_params=None, adapter=None, **kwargs):
+        """Answers conversations with the artifact's chat template; see
+        `vllm.LLM.chat`.
+
+        Example:
+
+        ```python
+        outputs = engine.chat([{"role": "user", "content": "Hi!"}])
+        print(outputs[0].outputs[0].text)
+        ```
+
+        Args:
+            messages: one conversation (a list of `{"role", "content"}`
+                messages) or a list of them.
+            sampling_params: `vllm.SamplingParams`; defaults to the exported
+                model's own sampler.
+            adapter: as in `generate`, one name or one per conversation.
+
+        Returns:
+            A list of vLLM `RequestOutput`, one per conversation.
+        """
+        one = not messages or isinstance(messages[0], dict)
+        count = 1 if one else len(messages)
+        return self._call("chat", messages, count, sampling_params, adapter,
+                          kwargs)
+
+    def _call(self, method, inputs, count, sampling_params, adapter, kwargs):
+        with self._lock:
+            self._check_running()
+            if sampling_params is None:
+                sampling_params = self.llm.get_default_sampling_params()
+            if adapter is not None:
+                served = engine_adapters.adapter_set(self)
+                kwargs["lora_request"] = served.lora_requests(adapter, count)
+            return getattr(self.llm, method)(inputs, sampling_params, **kwargs)
+

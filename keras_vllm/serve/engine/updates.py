@@ -1,0 +1,120 @@
+"""New weights for a running `KerasVllmEngine`, without a restart.
+
+`KerasVllmEngine.update_weights` calls these. What may change is checked by
+`keras_vllm.load.update_checks` (the reload route runs the same checks);
+the worker side is `keras_vllm.serve.worker.weight_update`.
+"""
+
+import os
+import tempfile
+import time
+
+from keras_vllm import format as fmt
+from keras_vllm.errors import ServingError
+from keras_vllm.load import update_checks
+
+
+def _is_in_process(llm):
+    from vllm.v1.engine.core_client import InprocClient
+
+    return isinstance(getattr(llm.llm_engine, "engine_core", None), InprocClient)
+
+
+def live_model_values(engine, causal_lm):
+    """The checked weights of a live `CausalLM`, for an in-process engine.
+
+    Returns:
+        `[(variable, value)]` (see `keras_vllm.hub.weights.backbone_values`).
+
+    Raises:
+        ServingError: when the engine runs in its own process, or the model
+            is not the served architecture.
+    """
+    from keras_vllm.hub import weights as weight_io
+    from keras_vllm.export import quantized
+    from keras_vllm.export import sections
+
+    if not _is_in_process(engine.llm):
+        raise ServingError(
+            "This engine runs in vLLM's engine process, which cannot reach "
+            "a Keras model of this process. Export the model "
+            "(`causal_lm.export_vllm(path)`) and pass the path, "
+            "`engine.update_weights(path)`; or start the engine in this "
+            "process with VLLM_ENABLE_V1_MULTIPROCESSING=0."
+        )
+    backbone = getattr(causal_lm, "backbone", None)
+    tokenizer = getattr(getattr(causal_lm, "preprocessor", None), "tokenizer", None)
+    if backbone is None or tokenizer is None:
+        raise ServingError(
+            f"update_weights takes an export path or a KerasHub CausalLM "
+            f"with a preprocessor, not {type(causal_lm).__name__}."
+        )
+    with tempfile.TemporaryDirectory() as directory:
+        # The tokenizer as an export writes it: its config and assets.
+        dtype = backbone.dtype_policy.variable_dtype
+        live = {
+            "backbone": sections.serialize(backbone, "backbone"),
+            "tokenizer": sections.tokenizer_section(tokenizer, directory),
+            "dtype": dtype,
+            "quantization": quantized.section(backbone, dtype),
+            "files": fmt.file_table(directory),
+        }
+    difference = update_checks.architecture_difference(engine.manifest, live)
+    if difference is not None:
+        raise ServingError(
+            f"This {type(causal_lm).__name__} cannot replace the running "
+            f"engine's weights: {difference}. An update changes weights "
+            "only; export it and start a new engine for it."
+        )
+    return weight_io.backbone_values(backbone)
+
+
+def update_weights(engine, source):
+    """`KerasVllmEngine.update_weights`: checks, then one worker call."""
+    start = time.perf_counter()
+    with engine._lock:
+        engine._check_running()
+        if getattr(engine, "adapters", None) is not None:
+            # Its adapters were checked against, and fine-tuned from, the
+            # served base.
+            raise ServingError(
+                "This engine serves LoRA adapters of its base, so its base "
+                "weights are not replaced. Start a new engine on the new base "
+                "with adapters exported against it."
+            )
+        llm = engine.llm
+        if isinstance(source, (str, os.PathLike)):
+            path = os.path.abspath(os.fspath(source))
+            manifest, digest = update_checks.check_export(
+                engine.manifest, path, engine._preset, engine._public_key
+            )
+            # Blocks cached with the old weights must not answer new
+            # requests (tpu-inference frees the KV cache, not the
+            # scheduler's prefix index).
+            llm.reset_prefix_cache()
+            result = llm.collective_rpc(
+                "keras_vllm_update_from_artifact",
+                args=(path, engine._preset, engine._public_key, digest),
+            )[0]
+            engine.path, engine.manifest = path, manifest
+            engine.artifact_hash = digest
+        else:
+            values = live_model_values(engine, source)
+            llm.reset_prefix_cache()
+            result = llm.collective_rpc(
+                "keras_vllm_update_from_values", args=(values,)
+            )[0]
+            engine.artifact_hash = None
+            engine._live_updates += 1
+        label_weights(engine)
+    return dict(result, seconds=time.perf_counter() - start)
+
+
+def label_weights(engine):
+    """Names the served weights in vLLM's weight version, which every
+    `CompletionOutput.weight_versions` span reports: the artifact hash, or
+    `live-N` after the N-th update from a live model."""
+    version = engine.artifact_hash or f"live-{engine._live_updates}"
+    llm_engine = getattr(engine.llm, "llm_engine", None)
+    if hasattr(llm_engine, "set_weight_version"):
+        llm_engine.set_weight_version(version)

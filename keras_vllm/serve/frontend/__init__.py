@@ -1,0 +1,7 @@
+"""keras-vllm's parts of vLLM's front end (`LLM`, the API server).
+
+- `refusals`: one-line refusals of `vllm serve DIR` before vLLM starts.
+- `reload`: `POST /v1/keras_vllm/reload` (`--enable-reload`).
+- `sampling`: sampling parameters tpu-inference would ignore, refused.
+- `shutdown`: requests still running at shutdown end as aborted.
+"""

@@ -1,0 +1,115 @@
+"""One-line refusals for plain `vllm serve DIR` of a directory keras-vllm
+recognizes but cannot serve (empty, a KerasHub preset, a truncated or
+tampered artifact, a delta whose preset is not here; with `KERAS_VLLM_PUBLIC_KEY`, any directory without a
+valid signature by that key).
+
+vLLM loads general plugins while it builds its command-line parser, before
+it reads the model's config, so `keras_vllm.serve.plugin.register` can refuse such
+a directory in a second instead of vLLM's traceback half a minute later.
+Directories vLLM serves natively (a Hugging Face checkpoint: `config.json`
+with another `model_type`) are left to vLLM.
+"""
+
+import json
+import multiprocessing
+import os
+import sys
+
+from keras_vllm import format as fmt
+from keras_vllm.serve import preflight
+
+EXIT_REFUSED = 3  # as `keras-vllm` (cli/commands.py)
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def refusal(path, argv=()):
+    """Why `vllm serve path` cannot serve a directory, or None.
+
+    A keras-vllm artifact gets the checks every entry point runs
+    (`keras_vllm.serve.preflight.check`), with the options of `argv` it
+    judges (`--tensor-parallel-size`, `--max-model-len`, ...).
+
+    Args:
+        path: a local directory.
+        argv: the `vllm serve` command line.
+
+    Returns:
+        The one-line message, or None when the directory is a loadable
+        keras-vllm artifact or is not one keras-vllm should judge (an
+        unsigned directory is always judged under a signature policy).
+    """
+    from keras_vllm.errors import KerasVllmError
+    from keras_vllm.signing import require_signature
+
+    if os.listdir(path):
+        # With `KERAS_VLLM_PUBLIC_KEY` set, nothing unsigned is served, not
+        # even a directory vLLM would load natively: an artifact swapped
+        # for a Hugging Face checkpoint must not bypass the policy. Checked
+        # before any file is parsed.
+        try:
+            require_signature(path)
+        except KerasVllmError as e:
+            return f"keras-vllm: {type(e).__name__}: {e}"
+    config = _read_json(os.path.join(path, "config.json"))
+    config = config if isinstance(config, dict) else {}
+    if os.path.isfile(os.path.join(path, fmt.MANIFEST_FILE)) or (
+        config.get("model_type") == fmt.MODEL_TYPE
+    ):
+        try:
+            # A delta's preset (or an adapter's base) that is not here, or a
+            # tensor-parallel size the heads cannot split over, would fail in
+            # the engine process, after vLLM's start, in a traceback.
+            preflight.check(path, preflight.overrides_from_argv(argv))
+        except KerasVllmError as e:
+            return f"keras-vllm: {type(e).__name__}: {e}"
+        return None
+    registered = str(config.get("registered_name", ""))
+    if os.path.isfile(os.path.join(path, "metadata.json")) and (
+        registered.startswith("keras_hub")
+    ):
+        return (
+            f"keras-vllm: {path} is a KerasHub preset ({registered}), not a "
+            "keras-vllm artifact. Export it first: "
+            f"`keras-vllm export {path} OUT`, then `vllm serve OUT`."
+        )
+    if not os.listdir(path):
+        return (
+            f"keras-vllm: {path} is empty: not a keras-vllm artifact (no "
+            f"{fmt.MANIFEST_FILE}) nor a model vLLM can load. Export a model "
+            "with `keras-vllm export PRESET OUT` or "
+            "`causal_lm.export_vllm(OUT)`."
+        )
+    return None
+
+
+def model_directory(argv):
+    """The local directory `vllm serve` was asked to serve, or None."""
+    if len(argv) < 3 or os.path.basename(argv[0]) != "vllm":
+        return None
+    if argv[1] != "serve":
+        return None
+    model = preflight.option_value(argv, ("--model",))
+    if model is None and not argv[2].startswith("-"):
+        model = argv[2]
+    return model if model and os.path.isdir(model) else None
+
+
+def refuse_unservable_directory():
+    """Exits `vllm serve DIR` with keras-vllm's message when DIR cannot be
+    served (see `refusal`); does nothing in any other process."""
+    if multiprocessing.parent_process() is not None:
+        return  # vLLM's own children inherit argv; the parent checked
+    path = model_directory(sys.argv)
+    if path is None:
+        return
+    message = refusal(path, sys.argv)
+    if message is not None:
+        print(message, file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_REFUSED)

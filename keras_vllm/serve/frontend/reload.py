@@ -1,0 +1,173 @@
+"""`POST /v1/keras_vllm/reload` in vLLM's API server (`--enable-reload`).
+
+`keras-vllm serve --enable-reload` hands this module's middleware to
+`vllm serve --middleware` (vLLM 0.32 adds an ASGI function middleware per
+option), so the route exists only when asked for. The middleware:
+
+* answers `POST /v1/keras_vllm/reload {"path": ARTIFACT}`: the artifact is
+  checked as `KerasVllmEngine.update_weights` checks it (in a thread, off
+  the event loop), vLLM's scheduler is paused (`pause_generation(mode=
+  "wait")`: requests already running finish, new ones queue) with its
+  caches cleared, the worker replaces the weights
+  (`KerasVllmWorkerExtension.keras_vllm_update_from_artifact`), the weight
+  version becomes the artifact's manifest hash and the scheduler resumes;
+* adds `"keras_vllm": {"artifact_hash", "path"}` to each model card of
+  `GET /v1/models`.
+
+It runs before vLLM's own authentication middleware, so it checks the
+server's `--api-key` (or `VLLM_API_KEY`, as vLLM does) itself; a server
+without a key takes reloads from loopback clients only.
+"""
+
+import asyncio
+import hmac
+import json
+import os
+
+RELOAD_ROUTE = "/v1/keras_vllm/reload"
+MIDDLEWARE = "keras_vllm.serve.frontend.reload.reload_middleware"
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+class _Served:
+    """What this API server process serves (one per process)."""
+
+    path = None
+    manifest = None
+    hash = None
+    lock = None
+
+
+_SERVED = _Served()
+
+
+async def _served(request):
+    """The served artifact, read once; names vLLM's weight version."""
+    if _SERVED.lock is None:
+        from keras_vllm import format as fmt
+
+        path = os.path.abspath(request.app.state.args.model)
+        _SERVED.manifest = fmt.open_artifact(path, verify=False).manifest
+        _SERVED.path, _SERVED.hash = path, fmt.manifest_hash(path)
+        _SERVED.lock = asyncio.Lock()
+        await request.app.state.engine_client.update_weight_version(_SERVED.hash)
+    return _SERVED
+
+
+def _api_keys(request):
+    from vllm import envs as vllm_envs
+
+    keys = getattr(request.app.state.args, "api_key", None)
+    return [key for key in (keys or [vllm_envs.VLLM_API_KEY]) if key]
+
+
+def _refusal(request):
+    """A JSON error response, or None when the client may reload."""
+    from fastapi.responses import JSONResponse
+
+    keys = _api_keys(request)
+    if keys:
+        given = request.headers.get("Authorization", "")
+        if not any(
+            hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
+            for key in keys
+        ):
+            return JSONResponse(
+                {"error": "Reloading needs the server's API key "
+                 "(`Authorization: Bearer KEY`, `keras-vllm reload "
+                 "--api-key KEY`)."},
+                status_code=401,
+            )
+        return None
+    host = request.client.host if request.client else None
+    if host not in _LOOPBACK:
+        return JSONResponse(
+            {"error": "This server has no --api-key, so it takes reloads "
+             "from its own host (loopback) only. Start it with --api-key "
+             "to reload from elsewhere."},
+            status_code=403,
+        )
+    return None
+
+
+async def _reload(request):
+    from fastapi.responses import JSONResponse
+
+    from keras_vllm.load import update_checks
+    from keras_vllm import envs
+    from keras_vllm.errors import KerasVllmError
+
+    refusal = _refusal(request)
+    if refusal is not None:
+        return refusal
+    try:
+        body = await request.json()
+        path = body["path"]
+        if not isinstance(path, str) or not path:
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        return JSONResponse(
+            {"error": 'The request body must be {"path": ARTIFACT_DIR}.'},
+            status_code=400,
+        )
+    served = await _served(request)
+    client = request.app.state.engine_client
+    path = os.path.abspath(path)
+    preset, public_key = envs.PRESET.get(), envs.PUBLIC_KEY.get()
+    async with served.lock:
+        try:
+            manifest, digest = await asyncio.to_thread(
+                update_checks.check_export,
+                served.manifest, path, preset, public_key,
+            )
+        except KerasVllmError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        await client.pause_generation(mode="wait", clear_cache=True)
+        try:
+            result = (
+                await client.collective_rpc(
+                    "keras_vllm_update_from_artifact",
+                    args=(path, preset, public_key, digest),
+                )
+            )[0]
+            await client.update_weight_version(digest)
+        except Exception as e:  # the worker's errors arrive as many types
+            return JSONResponse({"error": str(e)}, status_code=500)
+        finally:
+            await client.resume_generation()
+        served.path, served.manifest, served.hash = path, manifest, digest
+    return JSONResponse(
+        {"artifact_hash": digest, "path": path, **result}, status_code=200
+    )
+
+
+async def _with_artifact(request, response):
+    """`/v1/models` with the served artifact in each model card."""
+    from fastapi.responses import JSONResponse
+
+    body = b"".join([chunk async for chunk in response.body_iterator])
+    served = await _served(request)
+    try:
+        models = json.loads(body)
+        for card in models.get("data", []):
+            card["keras_vllm"] = {
+                "artifact_hash": served.hash, "path": served.path,
+            }
+    except (ValueError, AttributeError, TypeError):
+        from starlette.responses import Response
+
+        return Response(body, status_code=response.status_code,
+                        headers=dict(response.headers))
+    return JSONResponse(models, status_code=response.status_code)
+
+
+async def reload_middleware(request, call_next):
+    """vLLM `--middleware`: the reload route and `/v1/models` metadata."""
+    route = request.url.path.rstrip("/")
+    if route == RELOAD_ROUTE and request.method == "POST":
+        return await _reload(request)
+    await _served(request)
+    response = await call_next(request)
+    if route == "/v1/models" and response.status_code == 200:
+        return await _with_artifact(request, response)
+    return response

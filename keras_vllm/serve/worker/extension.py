@@ -1,0 +1,95 @@
+"""Methods keras-vllm adds to vLLM's worker (`--worker-extension-cls`).
+
+vLLM appends this class to its worker class's bases in every worker
+process, so `llm.collective_rpc("keras_vllm_weights")` reaches the serving
+model wherever the engine runs (a forked or spawned engine process, or
+in-process) and returns only plain values, which cross process boundaries
+without vLLM's insecure serialization.
+"""
+
+WORKER_EXTENSION = "keras_vllm.serve.worker.extension.KerasVllmWorkerExtension"
+
+
+class KerasVllmWorkerExtension:
+    """Mixed into vLLM's worker (tpu-inference's `TPUWorker`)."""
+
+    def keras_vllm_update_from_artifact(self, path, preset=None,
+                                        public_key=None, manifest_hash=None):
+        """Replaces the served weights with a verified artifact's.
+
+        `KerasVllmEngine.update_weights(path)` calls this after its own
+        checks; the artifact is verified again here, where it is read, and
+        must still be the one checked (`manifest_hash`).
+
+        Returns:
+            `{"variables", "bytes", "seconds"}`.
+        """
+        from keras_vllm.serve.worker import weight_update
+
+        model = self.model_runner.model
+        incoming = weight_update.artifact_values(
+            path, model.backbone, model.dtype_name, preset, public_key,
+            manifest_hash,
+        )
+        return weight_update.replace_weights(
+            self, incoming, f"The export '{path}'"
+        )
+
+    def keras_vllm_update_from_values(self, values):
+        """Replaces the served weights with live arrays (in-process engines
+        only: the arguments are the caller's own objects).
+
+        Args:
+            values: `[(variable, value)]` from
+                `keras_vllm.hub.weights.backbone_values`.
+
+        Returns:
+            `{"variables", "bytes", "seconds"}`.
+        """
+        from keras_vllm.serve.worker import weight_update
+
+        return weight_update.replace_weights(self, values, "The Keras model")
+
+    def keras_vllm_weights(self):
+        """How the served weights lie on the devices.
+
+        Returns:
+            A dict: `"devices"`, bytes of model state held by each device
+            (in mesh order); `"variables"`, `{path: {"shape", "dtype",
+            "spec", "bytes"}}` with `spec` the partition spec as a list of
+            mesh axis names (None for an unsplit axis).
+        """
+        import jax
+
+        from keras_vllm.serve.worker import sharding
+
+        runner = self.model_runner
+        devices = list(runner.mesh.devices.flat)
+        held = {device: 0 for device in devices}
+        # Bytes from the state the jitted step runs on; names from the
+        # Keras variables of the same model (nnx paths name attributes).
+        for leaf in jax.tree_util.tree_leaves(runner.state):
+            if isinstance(leaf, jax.Array):
+                for shard in leaf.addressable_shards:
+                    if shard.device in held:
+                        held[shard.device] += shard.data.nbytes
+        variables = {}
+        for _, variable in sharding.owned_variables(runner.model.backbone):
+            value = variable.value
+            spec = getattr(value.sharding, "spec", None)
+            variables[variable.path] = {
+                "shape": list(value.shape),
+                "dtype": str(value.dtype),
+                "spec": [_axis(a) for a in spec] if spec is not None else [],
+                "bytes": int(value.nbytes),
+            }
+        return {
+            "devices": [held[device] for device in devices],
+            "variables": variables,
+        }
+
+
+def _axis(axis):
+    if axis is None or isinstance(axis, str):
+        return axis
+    return "+".join(axis)

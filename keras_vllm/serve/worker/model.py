@@ -1,0 +1,132 @@
+"""The tpu-inference model class that serves a keras-vllm artifact.
+
+It is a flax NNX module whose state is the Keras backbone's own variables
+(with `KERAS_NNX_ENABLED=true` every Keras variable is an `nnx.Variable`),
+so tpu-inference's `nnx.split` / `jax.jit` machinery carries the weights
+with no conversion. Each attention layer of the backbone is re-classed as
+its paged subclass (see `keras_vllm/layers/`), and the backbone's own graph
+runs over vLLM's flat ragged batch.
+"""
+
+import logging
+
+import jax.numpy as jnp
+from flax import nnx
+from keras import ops
+
+from keras_vllm import envs
+from keras_vllm import progress
+from keras_vllm.layers.common.context import ServingContext
+from keras_vllm.layers.common.context import serving_context
+from keras_vllm.layers.swap import swap_in_paged_layers
+from keras_vllm.serve.worker.adapter_slots import install_adapter_slots
+from keras_vllm.serve.worker.adapter_slots import token_slots
+from keras_vllm.load.keras_loader import build_backbone
+from keras_vllm.load.opening import open_verified
+from keras_vllm.serve.worker.sharding import shard_backbone
+from keras_vllm.serve.worker.warm_start import register_model
+
+logger = logging.getLogger("keras_vllm")
+
+
+class KerasVllmForCausalLM(nnx.Module):
+    """Serves the backbone of a keras-vllm artifact on tpu-inference.
+
+    tpu-inference constructs the class under `nnx.eval_shape`, so the
+    constructor only records settings; `load_weights` builds the backbone
+    eagerly from the artifact (verified first) in the dtype vLLM resolved.
+
+    Args:
+        vllm_config: vLLM's `VllmConfig`; `model_config.model` is the
+            artifact directory.
+        rng_key: unused (weights come from the artifact).
+        mesh: the JAX device mesh.
+    """
+
+    def __init__(self, vllm_config, rng_key=None, mesh=None):
+        self.vllm_config = vllm_config
+        self.mesh = mesh
+        self.artifact_path = vllm_config.model_config.model
+        self.dtype_name = jnp.dtype(vllm_config.model_config.dtype).name
+
+    def load_weights(self, *args, **kwargs):
+        """Builds the backbone from the artifact and swaps in paged layers."""
+        # Never live lines from vLLM's engine process: other processes
+        # share its terminal. `keras-vllm serve` asks for one line per
+        # phase; otherwise phases only log at INFO.
+        lines = envs.ENGINE_PROGRESS.get() == "lines"
+        with progress.verbosity("lines" if lines else False):
+            manifest = open_verified(self.artifact_path, verbose="auto").manifest
+            backbone = build_backbone(
+                self.artifact_path,
+                manifest,
+                dtype=self.dtype_name,
+                preset=envs.PRESET.get(),
+                # An adapter is served merged into the base's kernels: the
+                # paged layers call the plain projections.
+                merge_lora=True,
+            )
+        self.attention_layers = len(swap_in_paged_layers(backbone))
+        self.manifest = manifest
+        register_model(self.vllm_config, manifest)
+        self.lora_layers = install_adapter_slots(
+            backbone, self.vllm_config.lora_config, self.dtype_name
+        )
+        # Every variable on the runner's mesh (split for tensor parallelism,
+        # replicated otherwise): the jitted step takes them as they lie.
+        self.placement = shard_backbone(backbone, self.mesh)
+        self.backbone = backbone
+        logger.info(
+            "keras-vllm: serving %s (%d attention layers, %s)",
+            type(backbone).__name__,
+            self.attention_layers,
+            self.dtype_name,
+        )
+
+    def __call__(
+        self,
+        kv_caches,
+        input_ids,
+        attention_metadata,
+        inputs_embeds=None,
+        input_positions=None,
+        layer_name_to_kvcache_index=None,
+        lora_metadata=None,
+        intermediate_tensors=None,
+        is_first_rank=True,
+        is_last_rank=True,
+        *args,
+        **kwargs,
+    ):
+        positions = attention_metadata.input_positions
+        context = ServingContext(
+            kv_caches, attention_metadata, positions, mesh=self.mesh,
+            lora_slots=token_slots(lora_metadata, input_ids.shape[0])
+            if getattr(self, "lora_layers", 0) else None,
+        )
+        # vLLM's T tokens run as T sequences of one token: the backbone's
+        # masks stay [T, 1, 1] and positions come from the context.
+        token_ids = ops.expand_dims(input_ids, axis=-1)
+        with serving_context(context):
+            hidden = self.backbone(
+                {
+                    "token_ids": token_ids,
+                    "padding_mask": ops.ones_like(token_ids),
+                },
+                training=False,
+            )
+        context.check_all_used_once()
+        return context.kv_caches, hidden[:, 0, :], [], None
+
+    def modules(self):
+        """No torch submodules (vLLM's in-process engine walks them at
+        exit to release torch.compile hooks)."""
+        return iter(())
+
+    def compute_logits(self, hidden_states):
+        """Logits from the backbone's own output head (tied or not, with the
+        family's final soft-cap when it has one)."""
+        logits = self.backbone.token_embedding(
+            hidden_states[:, None, :], reverse=True
+        )
+        return logits[:, 0, :]

@@ -1,0 +1,182 @@
+"""The `keras-vllm` command line, run as a user would (subprocesses)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers.trained_models import trained
+from keras_vllm import testing
+
+CLI = [os.path.join(os.path.dirname(sys.executable), "keras-vllm")]
+
+
+def _run(*args, timeout=600):
+    return subprocess.run(
+        CLI + list(args), capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("cli") / "tiny_gpt2"
+    testing.save_tiny_preset(trained("gpt2"), str(directory))
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def exported(preset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli_out") / "artifact"
+    result = _run("export", preset, str(out), "--sampler", "greedy")
+    assert result.returncode == 0, result.stderr
+    # It says which weights it stored: none differ from the preset here.
+    assert "weights  preset: 0 of " in result.stdout, result.stdout
+    assert " variables, 0 B" in result.stdout
+    return str(out)
+
+
+def test_help_lists_every_command():
+    result = _run("--help")
+    assert result.returncode == 0
+    for command in ("export", "inspect", "verify", "sign", "serve", "demo"):
+        assert command in result.stdout
+
+
+def test_bench_help_is_the_benchmark_scripts():
+    result = _run("bench", "--help")
+    assert result.returncode == 0, result.stderr
+    for option in ("--quick", "--systems", "--out"):
+        assert option in result.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, verbose, quiet",
+    [
+        (["-q", "inspect", "a"], False, True),
+        (["inspect", "a", "-q"], False, True),
+        (["inspect", "-v", "a"], True, False),
+        (["inspect", "a"], False, False),
+    ],
+)
+def test_output_options_before_or_after_the_command(argv, verbose, quiet):
+    from keras_vllm.cli.commands import build_parser
+
+    args, _ = build_parser().parse_known_args(argv)
+    assert (args.verbose, args.quiet) == (verbose, quiet)
+
+
+def test_usage_error_exit_code():
+    assert _run("inspect").returncode == 2
+
+
+def test_inspect_summarizes(exported, preset):
+    result = _run("inspect", exported)
+    assert result.returncode == 0, result.stderr
+    for text in ("GPT2", "preset", preset, "weights", "float32", "files"):
+        assert text in result.stdout
+    # Per-device bytes at TP = 1, 2, 4, 8: the tiny GPT-2's 4 heads split
+    # over 1, 2 and 4 devices, not 8.
+    rows = result.stdout.split("per device", 1)[1].splitlines()[1:5]
+    assert [row.split()[0] for row in rows] == ["1", "2", "4", "8"]
+    assert "do not split over 8" in rows[3]
+
+
+def test_verify_passes_then_detects_corruption(exported, tmp_path):
+    result = _run("verify", "-q", exported)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "checksums       ok (6 files)",
+        "golden (keras)  ok",
+    ]
+    # Nothing from TensorFlow, libtpu or JAX's TPU probing with -q.
+    for noise in ("absl::", "oneDNN", "cuInit", "TPU_WORKER_HOSTNAMES"):
+        assert noise not in result.stderr, result.stderr
+    # -q: results and errors only; keras-vllm's own notices stay quiet too.
+    assert "no TPU found" not in result.stderr, result.stderr
+    import shutil
+
+    broken = str(tmp_path / "broken")
+    shutil.copytree(exported, broken)
+    with open(os.path.join(broken, "golden.json"), "a") as f:
+        f.write(" ")
+    result = _run("verify", broken)
+    assert result.returncode == 3
+    assert "golden.json" in result.stderr
+
+
+def test_export_refuses_existing_path(exported, preset):
+    result = _run("export", preset, exported)
+    assert result.returncode == 3
+    assert "already exists" in result.stderr and "--overwrite" not in result.stdout
+
+
+def test_export_of_a_directory_keras_hub_cannot_load_is_one_line(tmp_path):
+    # A Hugging Face Llama directory without the tokenizer.json keras-hub's
+    # converter reads.
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    result = _run("export", str(tmp_path), str(tmp_path / "out"))
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("keras-vllm: ExportError: keras-hub could")
+    assert "from_preset raised" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_serve_command_uses_artifact_defaults(exported):
+    from keras_vllm.cli.serve import serve_command
+
+    command = serve_command(exported, ["--port", "8123"])
+    assert command[1:3] == ["serve", os.path.abspath(exported)]
+    assert "--tokenizer-mode" in command and "keras_vllm" in command
+    assert command[-2:] == ["--port", "8123"]
+
+
+def test_relative_preset_export_verifies_anywhere_and_preset_overrides(
+    preset, tmp_path
+):
+    import shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copytree(preset, work / "tiny")
+    out = str(tmp_path / "delta")
+    result = subprocess.run(
+        CLI + ["export", "tiny", out, "--sampler", "greedy"],
+        capture_output=True, text=True, timeout=600, cwd=work,
+    )
+    assert result.returncode == 0, result.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run(
+        CLI + ["verify", out], capture_output=True, text=True, timeout=600,
+        cwd=elsewhere,
+    )
+    assert result.returncode == 0, result.stderr
+    # The serving host keeps its copy of the preset somewhere else.
+    moved = str(tmp_path / "models" / "tiny")
+    shutil.move(str(work / "tiny"), moved)
+    result = _run("verify", out)
+    assert result.returncode == 3
+    assert "--preset" in result.stderr
+    result = _run("verify", out, "--preset", moved)
+    assert result.returncode == 0, result.stderr
+    assert "golden (keras)  ok" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["serve", "--preset", "/models/p", "art", "--port", "1"],
+        ["serve", "art", "--preset", "/models/p", "--port", "1"],
+        ["serve", "art", "--port", "1", "--preset=/models/p"],
+    ],
+)
+def test_serve_takes_preset_before_or_after_the_artifact(argv):
+    from keras_vllm.cli.serve import take_option
+    from keras_vllm.cli.commands import build_parser
+
+    args, _ = build_parser().parse_known_args(argv)
+    preset = take_option(args.vllm_args, "--preset") or args.preset
+    assert preset == "/models/p"
+    assert args.vllm_args == ["--port", "1"]

@@ -1,0 +1,240 @@
+"""`keras_vllm.format`: one opened artifact per process, never stale."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+import keras_vllm
+from keras_vllm import format as fmt
+from keras_vllm.errors import ArtifactError
+
+from helpers.trained_models import trained
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    path = tmp_path_factory.mktemp("format") / "artifact"
+    return trained("gpt2").export_vllm(path, golden_prompts=["a", "b c"])
+
+
+def _copy(path, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    return str(copy)
+
+
+def test_open_twice_is_the_same_artifact(exported):
+    first = fmt.open_artifact(exported)
+    first.validate()
+    assert fmt.open_artifact(exported) is first
+    assert first.read_json(fmt.CONFIG_FILE) is first.read_json(fmt.CONFIG_FILE)
+
+
+def test_a_file_changed_after_opening_is_verified_again(exported, tmp_path):
+    path = _copy(exported, tmp_path)
+    opened = fmt.open_artifact(path)
+    weights = sorted(
+        rel for rel in opened.manifest["files"] if rel.startswith("weights/d/")
+    )[0]
+    full = os.path.join(path, weights)
+    with open(full, "r+b") as f:
+        byte = f.read(1)
+        f.seek(0)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(keras_vllm.IntegrityError, match=weights):
+        fmt.open_artifact(path)
+
+
+def test_partial_verification_hashes_the_rest_when_asked(exported, tmp_path):
+    path = _copy(exported, tmp_path)
+    golden = os.path.join(path, fmt.GOLDEN_FILE)
+    text = open(golden).read()
+    opened = fmt.open_artifact(path, only=(fmt.TOKENIZER_DIR + "/",))
+    # Same size, other content, same inode; the modification time moves back
+    # so only the hash can tell.
+    stat = os.stat(golden)
+    with open(golden, "w") as f:
+        f.write(text.replace("max_new_tokens", "max_new_tokenz"))
+    os.utime(golden, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert fmt.open_artifact(path, only=(fmt.TOKENIZER_DIR + "/",)) is opened
+    with pytest.raises(keras_vllm.IntegrityError, match=fmt.GOLDEN_FILE):
+        fmt.open_artifact(path)
+
+
+def test_format_1_0_artifacts_still_load(exported, tmp_path):
+    path = _copy(exported, tmp_path)
+    manifest_path = os.path.join(path, fmt.MANIFEST_FILE)
+    manifest = json.load(open(manifest_path))
+    manifest["format_version"] = [1, 0]
+    del manifest["golden_reference"]
+    fmt.write_json(manifest_path, manifest)
+    opened = fmt.open_artifact(path).validate()
+    assert "golden_reference" not in opened.manifest
+    loaded = keras_vllm.load_causal_lm(path)
+    from keras_vllm.load.keras_loader import check_golden
+
+    assert check_golden(loaded, path) == []
+
+
+def test_unknown_golden_reference_is_refused(exported, tmp_path):
+    path = _copy(exported, tmp_path)
+    manifest_path = os.path.join(path, fmt.MANIFEST_FILE)
+    manifest = json.load(open(manifest_path))
+    manifest["golden_reference"] = "beam"
+    fmt.write_json(manifest_path, manifest)
+    with pytest.raises(keras_vllm.ArtifactError, match="golden_reference"):
+        fmt.open_artifact(path)
+
+
+def test_format_imports_only_the_standard_library():
+    """The format is read in vLLM's processes before JAX starts and on
+    export-only installs: it imports nothing but the standard library,
+    keras_vllm.errors, keras_vllm.envs (itself stdlib-only) and itself."""
+    import ast
+    import sys
+
+    folder = os.path.dirname(fmt.__file__)
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py"):
+            continue
+        tree = ast.parse(open(os.path.join(folder, name)).read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module == "keras_vllm":
+                modules = [f"keras_vllm.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                assert (
+                    top in sys.stdlib_module_names
+                    or module.startswith(
+                        ("keras_vllm.format", "keras_vllm.errors", "keras_vllm.envs")
+                    )
+                ), f"{name} imports {module}"
+
+
+_COUNT_HASHES = """
+import sys
+from keras_vllm.format import checksums
+from keras_vllm.format import files
+from keras_vllm import format as fmt
+from keras_vllm.errors import ArtifactError
+count = []
+real = files.sha256_file
+counted = lambda *a, **k: count.append(1) or real(*a, **k)
+checksums.sha256_file = files.sha256_file = counted
+try:
+    fmt.open_artifact(sys.argv[1])
+except Exception as e:
+    print(type(e).__name__)
+print(len(count))
+"""
+
+
+def _hashes_in_new_process(path, env):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _COUNT_HASHES, path],
+        env=env, capture_output=True, text=True, check=True,
+    )
+    return done.stdout.split()
+
+
+def test_a_verified_artifact_is_not_hashed_again_by_a_child(exported, tmp_path):
+    path = _copy(exported, tmp_path)
+    env = dict(os.environ)
+    env.pop("KERAS_VLLM_VERIFIED_ARTIFACT", None)
+    hashed = int(_hashes_in_new_process(path, env)[-1])
+    assert hashed > 1
+    fmt.open_artifact(path).handoff()
+    env["KERAS_VLLM_VERIFIED_ARTIFACT"] = os.environ.pop(
+        "KERAS_VLLM_VERIFIED_ARTIFACT"
+    )
+    assert _hashes_in_new_process(path, env) == ["0"]
+    # Any changed file (here: same size, new mtime) is hashed again.
+    golden = os.path.join(path, fmt.GOLDEN_FILE)
+    text = open(golden).read()
+    with open(golden, "w") as f:
+        f.write(text.replace("max_new_tokens", "max_new_tokenz"))
+    assert _hashes_in_new_process(path, env)[0] == "IntegrityError"
+
+
+def test_weights_are_split_into_data_files_that_read_back(
+    tmp_path, monkeypatch
+):
+    import numpy as np
+
+    from keras_vllm.hub import weights as weight_io
+
+    # 64 KiB files stand in for the 64 MiB ones of a real model: each array
+    # of 96 KiB can't share a file with another, so several files are
+    # written (and in parallel), and reading needs no option.
+    monkeypatch.setattr(weight_io, "_DATA_FILE_BYTES", 64 << 10)
+    rng = np.random.default_rng(0)
+    arrays = {
+        f"layer_{i}/kernel": rng.standard_normal((96, 256)).astype("float32")
+        for i in range(6)
+    }
+    directory = str(tmp_path / "weights")
+    weight_io.save_weights(directory, arrays)
+    data = [
+        os.path.join(root, name)
+        for root, _, names in os.walk(directory)
+        if os.path.basename(root) == "d"
+        for name in names
+    ]
+    assert len(data) >= 3
+    restored = weight_io.restore_weights(
+        directory, {p: (a.shape, a.dtype) for p, a in arrays.items()}
+    )
+    for path, array in arrays.items():
+        np.testing.assert_array_equal(restored[path], array)
+
+
+@pytest.mark.parametrize(
+    "window, flag, accepted",
+    [
+        (0, False, True),  # transformers' Qwen2-MoE config, window off
+        (0, True, False),
+        (0, None, False),  # no flag: the window is on
+        (False, False, False),
+        (-1, False, False),
+        (16, True, True),
+    ],
+)
+def test_a_zero_window_is_accepted_only_while_it_is_off(window, flag, accepted):
+    from keras_vllm.errors import ArtifactError
+    from keras_vllm.format import configs
+
+    config = {"hidden_dim": 8, "num_layers": 1, "sliding_window_size": window}
+    if flag is not None:
+        config["use_sliding_window_attention"] = flag
+    if accepted:
+        assert configs.estimate_parameters(config) > 0
+    else:
+        with pytest.raises(ArtifactError, match="sizes must be positive"):
+            configs.estimate_parameters(config)
+
+
+def test_files_hash_in_parallel_as_they_would_one_by_one(tmp_path):
+    paths, sizes = [], [0, 1, 3 << 20, 5 << 20, 7]
+    for i, size in enumerate(sizes):
+        path = tmp_path / f"file{i}"
+        path.write_bytes(os.urandom(size))
+        paths.append(str(path))
+    seen = []
+    digests = fmt.sha256_files(paths, on_bytes=seen.append)
+    assert digests == [fmt.sha256_file(p) for p in paths]
+    assert len(set(digests)) == len(paths)
+    assert sum(seen) == sum(sizes)
+    os.mkfifo(tmp_path / "pipe")  # hashing it would block forever
+    with pytest.raises(ArtifactError, match="not a regular file"):
+        fmt.sha256_files(paths + [str(tmp_path / "pipe")])

@@ -1,0 +1,16 @@
+"""The second half of the served families (see `test_serving_families.py`)."""
+
+import pytest
+
+pytest.importorskip("tpu_inference")
+
+from helpers import family_serving  # noqa: E402
+from helpers.family_serving import (  # noqa: E402, F401
+    test_default_sampling_follows_exported_sampler,
+    test_golden_outputs_replay_on_the_engine,
+    test_greedy_matches_generate,
+    test_prompt_logprobs_match_forward_pass,
+)
+
+FAMILIES = family_serving.ALL_FAMILIES[len(family_serving.ALL_FAMILIES) // 2 :]
+served = family_serving.served_fixture(FAMILIES)
