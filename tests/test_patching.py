@@ -1,0 +1,91 @@
+"""`keras_vllm.patching`: the one way upstream functions are replaced."""
+
+import sys
+import types
+
+import pytest
+
+from keras_vllm import patching
+from keras_vllm.errors import ServingError
+
+
+def _module(name, **attrs):
+    module = types.ModuleType(name)
+    module.__dict__.update(attrs)
+    sys.modules[name] = module
+    return module
+
+
+def test_replace_once_marks_and_lists_the_replacement():
+    home = _module("fakeupstream_a", greet=lambda who: f"hello {who}")
+    calls = []
+
+    def louder(original):
+        calls.append(original)
+        return lambda who: original(who).upper()
+
+    first = patching.replace(home, "greet", louder)
+    again = patching.replace(home, "greet", louder)
+    assert first is again and len(calls) == 1
+    assert home.greet("you") == "HELLO YOU"
+    assert patching.original_of(home.greet)("you") == "hello you"
+    assert patching.replacements()["fakeupstream_a.greet"] is first
+
+
+def test_everywhere_rebinds_copies_bound_by_name():
+    def size():
+        return 1
+
+    home = _module("fakeupstream_b.utils", size=size)
+    user = _module("fakeupstream_b.runner", size=size)  # `from utils import size`
+    other = _module("elsewhere_b", size=size)
+    patching.replace(home, "size", lambda original: lambda: 2,
+                     everywhere="fakeupstream_b")
+    assert home.size() == user.size() == 2
+    assert other.size() == 1  # outside the prefix: left alone
+
+
+def test_a_classmethod_stays_a_classmethod():
+    class Platform:
+        @classmethod
+        def name(cls):
+            return cls.__name__
+
+    def suffixed(original):
+        return classmethod(lambda cls: original.__func__(cls) + "!")
+
+    patching.replace(Platform, "name", suffixed)
+    patching.replace(Platform, "name", suffixed)
+    assert Platform.name() == "Platform!"
+    assert patching.is_replacement(vars(Platform)["name"])
+
+
+def test_add_refuses_to_shadow_an_upstream_attribute():
+    class Model:
+        def export(self):
+            return "upstream"
+
+    def ours(self):
+        return "ours"
+
+    patching.add(Model, "export_ours", ours)
+    patching.add(Model, "export_ours", ours)
+    assert Model().export_ours() == "ours"
+    with pytest.raises(ServingError, match="already has 'export'"):
+        patching.add(Model, "export", ours)
+
+
+def test_check_versions_names_both_versions(monkeypatch):
+    monkeypatch.setattr(
+        patching, "installed_version",
+        lambda package: {"vllm-tpu": "0.33.1"}.get(package, "0.32.0"),
+    )
+    with pytest.raises(ServingError) as error:
+        patching.check_versions()
+    message = str(error.value)
+    assert "vllm-tpu==0.32.0" in message and "0.33.1 is installed" in message
+    assert 'pip install "keras-vllm[serving]"' in message
+
+    monkeypatch.setattr(patching, "installed_version", lambda package: None)
+    with pytest.raises(ServingError, match="it is not installed"):
+        patching.check_versions()
