@@ -70,6 +70,72 @@ def test_usage_error_exit_code():
     assert _run("inspect").returncode == 2
 
 
+@pytest.mark.parametrize(
+    "variable, value",
+    [
+        ("KERAS_VLLM_VERBOSE", "maybe"),  # read as keras_vllm is imported
+        ("KERAS_VLLM_DEVICE", "gpu"),  # read by the command
+    ],
+)
+def test_malformed_variable_is_one_line_exit_3(variable, value, tmp_path):
+    result = subprocess.run(
+        CLI + ["inspect", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, variable: value},
+    )
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith(
+        f"keras-vllm: ConfigurationError: {variable}={value!r} is not valid"
+    ), result.stderr
+    assert len(lines) == 1, result.stderr
+
+
+def test_reload_refusal_exits_3():
+    """A server that refuses the artifact (here a stand-in answering 409
+    as `serve --enable-reload` does) is a refusal: exit 3, one line."""
+    import http.server
+    import json
+    import threading
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802  (http.server's name)
+            body = json.dumps({"error": "its tokenizer differs"}).encode()
+            self.send_response(409)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        result = _run("reload", url, "/some/artifact")
+    finally:
+        server.shutdown()
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.strip() == (
+        "keras-vllm reload: 409: its tokenizer differs"
+    )
+
+
+def test_demo_family_must_be_a_known_one():
+    from keras_vllm.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["demo", "--family", "gemma"]).family == "gemma"
+    result = _run("demo", "--family", "llama4")
+    assert result.returncode == 2
+    assert "invalid choice: 'llama4'" in result.stderr
+    assert "gpt2" in result.stderr  # the families it accepts are listed
+
+
 def test_inspect_summarizes(exported, preset):
     result = _run("inspect", exported)
     assert result.returncode == 0, result.stderr

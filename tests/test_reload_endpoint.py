@@ -101,7 +101,7 @@ def test_reload_refuses_without_the_key_then_swaps_the_weights(server):
         assert response.status_code == 401, response.text
         assert "API key" in response.json()["error"]
     refused = _reload(server, server.paths.new)
-    assert refused.returncode == 1 and "401" in refused.stderr
+    assert refused.returncode == 3 and "401" in refused.stderr
     assert _complete(server, prompts) == old_tokens
 
     # Requests in flight while the weights change: each answered by one
@@ -144,7 +144,7 @@ def test_incompatible_export_is_refused_over_http(server):
     )
     before = _served_hash(server)
     refused = _reload(server, other, "--api-key", KEY)
-    assert refused.returncode == 1
+    assert refused.returncode == 3
     assert "400" in refused.stderr and "its backbone is" in refused.stderr
     assert _served_hash(server) == before
     expected = server.new if before == fmt.manifest_hash(
