@@ -145,7 +145,7 @@ def test_inspect_summarizes(exported, preset):
     # over 1, 2 and 4 devices, not 8.
     rows = result.stdout.split("per device", 1)[1].splitlines()[1:5]
     assert [row.split()[0] for row in rows] == ["1", "2", "4", "8"]
-    assert "do not split over 8" in rows[3]
+    assert "refused: attention heads do not split over 8" in rows[3]
 
 
 def test_verify_passes_then_detects_corruption(exported, tmp_path):
