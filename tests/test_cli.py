@@ -171,6 +171,20 @@ def test_verify_passes_then_detects_corruption(exported, tmp_path):
     assert "golden.json" in result.stderr
 
 
+def test_verify_of_a_sentencepiece_model_prints_no_cpp_lines(tmp_path):
+    """tensorflow-text's SentencePiece prints `normalizer.cc(51) LOG(INFO)
+    precompiled_charsmap is empty ...` from C++ as a model without a
+    normalization table loads; verify's output has only its results."""
+    path = testing.build_tiny_causal_lm("gemma").export_vllm(
+        tmp_path / "gemma", golden_prompts=("The",), golden_max_new_tokens=2
+    )
+    result = _run("verify", path)
+    assert result.returncode == 0, result.stderr
+    assert "golden (keras)  ok" in result.stdout
+    output = result.stdout + result.stderr
+    assert "normalizer.cc" not in output and "LOG(INFO)" not in output, output
+
+
 def test_export_refuses_existing_path(exported, preset):
     result = _run("export", preset, exported)
     assert result.returncode == 3
