@@ -215,7 +215,11 @@ def test_update_from_a_delta_export(setup):
     # whose generation_config.json an update refuses).
     model.compile(sampler="greedy")
     model.set_weights(setup.new.get_weights())
-    path = updated_models.export(model, setup.root / "delta")
+    # Every variable moved: "auto" would store it full; a delta is asked.
+    path = model.export_vllm(
+        setup.root / "delta", weights="delta", max_sequence_length=256,
+        golden_prompts=testing.prompts()[:2],
+    )
     assert fmt.open_artifact(path).manifest["weights"]["mode"] == "delta"
     setup.engine.update_weights(path)
     assert _served(setup.engine) == _expected(setup.new)

@@ -68,7 +68,8 @@ def export_vllm(
             SHA-256); `preset=` names a preset base instead.
         weights: `"auto"` (an adapter when LoRA is enabled and a base is
             known; else store only what differs from the preset, nothing
-            if it equals it, everything without a preset), `"adapter"`
+            if it equals it, everything without a preset or when every
+            variable differs: then it depends on no preset), `"adapter"`
             (only the LoRA factors and any other variable that differs
             from the base), `"delta"`, `"full"` or `"preset"`.
         overwrite: replace an existing artifact at `path`.
@@ -251,6 +252,13 @@ def _export(
         mode = "delta" if stored else "preset"
         if weights == "delta":
             mode = "delta"
+        elif len(stored) == len(all_weights):
+            # Every variable differs (a full fine-tune, or a quantized model
+            # over a float checkpoint): a delta would store them all and
+            # still pin the preset, which serving hosts must then have.
+            # Stored full, the preset named for provenance only.
+            stored, mode = all_weights, "full"
+            preset_section = {"handle": handle, "files": {}}
     else:
         if handle is not None:
             preset_section = {"handle": handle, "files": {}}
