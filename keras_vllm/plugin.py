@@ -89,6 +89,10 @@ def register():
 
     # A request back from preemption continues from its real tokens.
     resumed_tokens.install()
+    from keras_vllm.load import model_inspection
+
+    # `repr(llm)` (a notebook showing `engine.llm`) describes the model.
+    model_inspection.install()
     from keras_vllm import shutdown_aborts
 
     # Requests running at SIGTERM end as aborted instead of hanging.

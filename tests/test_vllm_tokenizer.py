@@ -594,3 +594,46 @@ def test_from_pretrained_verifies_the_files_it_reads(art, tmp_path):
     path, name = flipped(fmt.TOKENIZER_DIR + "/")
     with pytest.raises(IntegrityError, match=name):
         KerasVllmTokenizer.from_pretrained(path)
+
+
+GEMMA_STYLE_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+    "{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("family", ["gemma", "llama", "llama3", "gpt2"])
+def test_rendered_special_tokens_are_the_preprocessors_ids(family, tmp_path):
+    """A template's `{{ bos_token }}` renders as text (`<bos>`); the chat's
+    ids are what the model's own preprocessor makes of the conversation
+    (its start token, then the text), for SentencePiece (control symbols
+    and user-defined ones) and byte-level BPE tokenizers alike."""
+    import numpy as np
+
+    lm = testing.build_tiny_causal_lm(family)
+    path = lm.export_vllm(
+        tmp_path / family, golden_prompts=(), chat_template=GEMMA_STYLE_TEMPLATE
+    )
+    tok = KerasVllmTokenizer.from_pretrained(path)
+    messages = [
+        {"role": "user", "content": "the quick brown fox"},
+        {"role": "model", "content": "jumps over"},
+        {"role": "user", "content": "héllo 🙂"},
+    ]
+    text = tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    assert text.startswith(tok.bos_token)
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+    preprocessed = lm.preprocessor.generate_preprocess(
+        text[len(tok.bos_token):], sequence_length=256
+    )
+    mask = np.asarray(preprocessed["padding_mask"]).astype(bool)
+    want = [int(i) for i in np.asarray(preprocessed["token_ids"])[mask]]
+    assert want[0] == tok.bos_token_id
+    assert ids == want
+    # What vLLM's renderer does with the text: the same ids.
+    assert tok.encode(text, add_special_tokens=False) == want
+    # A plain prompt stays as generate() tokenizes it.
+    assert tok.encode("the quick") == reference.prompt_token_ids(lm, "the quick")
