@@ -184,3 +184,22 @@ def test_serve_adds_the_route_only_when_asked():
     assert args.vllm_args == ["--port", "1"]
     assert added[:2] == ["--middleware", serve_reload.MIDDLEWARE]
     assert "--worker-extension-cls" in added
+
+
+def test_chat_on_an_artifact_without_a_template_is_a_clear_400(server):
+    """Not about reloads: this server's artifact has no chat template, and
+    `/v1/chat/completions` says so (and how to add one) with a 400."""
+    response = requests.post(
+        server.url + "/v1/chat/completions",
+        json={
+            "model": server.paths.old,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+        },
+        headers=_auth(),
+        timeout=120,
+    )
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert "has no chat template" in message, message
+    assert "chat_template=" in message, message
