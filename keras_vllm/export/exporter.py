@@ -80,8 +80,10 @@ def export_vllm(
         chat_template: a Jinja chat template (text, or a path to a file)
             stored for `/v1/chat/completions`. Defaults to the preset's
             own when the model came from a Hugging Face checkpoint that
-            has one (`chat_template.jinja` or `tokenizer_config.json`);
-            `False` stores none.
+            has one (`chat_template.jinja` or `tokenizer_config.json`), or
+            the family's chat format when it came from an
+            instruction-tuned KerasHub preset (e.g.
+            `gemma2_instruct_2b_en`); `False` stores none.
         allow_unservable: export a backbone whose attention keras-vllm
             cannot serve on vLLM (for Keras-side use only). By default such
             a model is refused, naming the attention class.
@@ -164,7 +166,7 @@ def _export(
     )
     if handle is not None:
         checkpoint_tokenizer.warn_if_converted_differently(tokenizer, handle)
-    chat_template = chat_templates.resolve(chat_template, handle)
+    chat_template = chat_templates.resolve(chat_template, handle, tokenizer)
     chat_templates.warn_if_no_start_token(
         chat_template, preprocessor, tokenizer
     )
