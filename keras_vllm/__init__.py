@@ -11,6 +11,7 @@ engine = keras_vllm.KerasVllmEngine.from_export("exports/my_model")  # vLLM
 
 from keras_vllm import _env  # noqa: F401  (must precede any keras import)
 from keras_vllm.errors import ArtifactError
+from keras_vllm.errors import ConfigurationError
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.errors import KerasVllmError
@@ -32,6 +33,7 @@ keras_hub_hooks.install()
 
 __all__ = [
     "ArtifactError",
+    "ConfigurationError",
     "ExportError",
     "IntegrityError",
     "KerasVllmEngine",

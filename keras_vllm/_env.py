@@ -52,14 +52,29 @@ def configure_environment():
     envs.KERAS_NNX_ENABLED.setdefault(envs.KERAS_NNX_ENABLED.default)
     from keras_vllm.cpu.detect import is_cpu_host
 
-    if is_cpu_host() and not jax_could_use_a_gpu():
+    if _or_default(is_cpu_host, False) and not jax_could_use_a_gpu():
         from keras_vllm.cpu import devices
 
         # Also a JAX imported before keras-vllm (keras-hub first), which
         # read no JAX_PLATFORMS, as long as it has not started.
         devices.pin_imported_jax_to_cpu()
-    if not envs.VERBOSE.get():
+    if not _or_default(envs.VERBOSE.get, False):
         quiet_tensorflow()
+
+
+def _or_default(read, default):
+    """`read()`, or `default` when a variable it reads is malformed.
+
+    A malformed variable fails where it is used (the CLI checks them all
+    first and says so in one line), not at `import keras_vllm`, which has
+    no caller to tell.
+    """
+    from keras_vllm.errors import ConfigurationError
+
+    try:
+        return read()
+    except ConfigurationError:
+        return default
 
 
 def quiet_tensorflow():
@@ -82,5 +97,5 @@ def quiet_tensorflow():
         envs.TF_ENABLED_DEVICE_TYPES.setdefault("CPU")
 
 
-configure_environment()
-logs.install_false_alarm_filters()
+_or_default(configure_environment, None)
+_or_default(logs.install_false_alarm_filters, None)

@@ -3,8 +3,8 @@
 Each variable is declared once (name, accepted values, default, meaning,
 who reads it) and read through an accessor at call time, so a value set
 after import (or by a test's `monkeypatch`) is seen. A malformed value
-raises a `ValueError` that names the variable and what it accepts; an
-empty value counts as unset.
+raises `keras_vllm.errors.ConfigurationError` (a `ValueError`) that names
+the variable and what it accepts; an empty value counts as unset.
 
 This module is a leaf that imports only the standard library: vLLM's
 processes import it before JAX starts.
@@ -99,7 +99,8 @@ class Variable:
         """The parsed value now, or `default` when unset.
 
         Raises:
-            ValueError: the value is not one of `accepts`.
+            ConfigurationError: the value is not one of `accepts` (a
+                `ValueError`).
         """
         text = self.raw()
         if text is None:
@@ -107,7 +108,10 @@ class Variable:
         try:
             return self._parse(text)
         except ValueError:
-            raise ValueError(
+            # Imported only here: importing this module stays stdlib-only.
+            from keras_vllm.errors import ConfigurationError
+
+            raise ConfigurationError(
                 f"{self.name}={os.environ[self.name]!r} is not valid; use "
                 f"{self.accepts}, or leave it unset. {self.meaning}"
             ) from None
@@ -389,6 +393,18 @@ TF_ENABLED_DEVICE_TYPES = Variable(
 
 # Every variable above, in declaration order.
 VARIABLES = tuple(v for v in list(globals().values()) if isinstance(v, Variable))
+
+
+def check_own():
+    """Reads every `KERAS_VLLM_*` variable once, so that a malformed one is
+    reported up front (the CLI does this before any work).
+
+    Raises:
+        ConfigurationError: naming the first malformed variable.
+    """
+    for variable in VARIABLES:
+        if variable.name.startswith("KERAS_VLLM_"):
+            variable.get()
 
 
 def jax_platforms():

@@ -40,3 +40,9 @@ class PresetUnavailableError(ArtifactError):
 
 class ServingError(KerasVllmError):
     """The artifact cannot be served with the requested settings."""
+
+
+class ConfigurationError(KerasVllmError, ValueError):
+    """A setting keras-vllm reads (a `KERAS_VLLM_*` or other environment
+    variable) has a value it does not accept; the message names the
+    variable and what it accepts."""

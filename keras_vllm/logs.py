@@ -197,28 +197,54 @@ _GLOO_CONNECTED = re.compile(
 
 
 @contextlib.contextmanager
-def _without_gloo_connected_lines():
-    """Captures file descriptor 1 while a Gloo group connects and writes
-    back everything but Gloo's "all peers connected" lines (a missing peer's
-    line, and anything else printed meanwhile, still shows)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
+def _without_native_lines(fd, dropped):
+    """Captures file descriptor `fd` (1 or 2) during the block and writes
+    back every line but those `dropped(line)` matches: C++ libraries print
+    there directly, past Python's logging (anything else printed meanwhile
+    still shows, after the block)."""
+    stream = sys.stdout if fd == 1 else sys.stderr
+    stream.flush()
+    saved = os.dup(fd)
     with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 1)
+        os.dup2(captured.fileno(), fd)
         try:
             yield
         finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
+            stream.flush()
+            os.dup2(saved, fd)
             os.close(saved)
             captured.seek(0)
             kept = b"".join(
                 line
                 for line in captured.read().splitlines(keepends=True)
-                if not _gloo_all_connected(line)
+                if not dropped(line)
             )
             if kept:
-                os.write(1, kept)
+                os.write(fd, kept)
+
+
+def _without_gloo_connected_lines():
+    """Drops Gloo's "all peers connected" lines from file descriptor 1 while
+    a Gloo group connects (a missing peer's line still shows)."""
+    return _without_native_lines(1, _gloo_all_connected)
+
+
+# SentencePiece's C++ INFO line when a model without a normalization table
+# loads (tensorflow-text's copy prints it, on stderr, for every tiny or
+# Gemma-style vocabulary): `normalizer.cc(51) LOG(INFO) precompiled_charsmap
+# is empty. use identity normalization.`
+_SENTENCEPIECE_INFO = re.compile(rb"normalizer\.cc\(\d+\) LOG\(INFO\) .*\n?")
+
+
+def without_sentencepiece_info():
+    """A context manager that keeps SentencePiece's C++ INFO lines out of
+    the output while a tokenizer loads, unless verbose (warnings, errors
+    and every other line still show)."""
+    if envs.VERBOSE.get():
+        return contextlib.nullcontext()
+    return _without_native_lines(
+        2, lambda line: _SENTENCEPIECE_INFO.fullmatch(line) is not None
+    )
 
 
 def _gloo_all_connected(line):

@@ -73,8 +73,10 @@ def test_values_are_read_at_call_time(monkeypatch):
 def test_malformed_values_name_the_variable_and_what_it_accepts(
     monkeypatch, variable, value
 ):
+    from keras_vllm.errors import ConfigurationError
+
     monkeypatch.setenv(variable.name, value)
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ConfigurationError) as raised:  # a ValueError too
         variable.get()
     message = str(raised.value)
     assert message.startswith(f"{variable.name}={value!r} is not valid; ")

@@ -139,6 +139,23 @@ def _demo(args):
     )
 
 
+class _DemoFamilies:
+    """`--family`'s choices, read from `keras_vllm.testing.FAMILIES` only
+    when a family is checked or listed: that module imports Keras, which
+    the other commands do not wait for."""
+
+    def _names(self):
+        from keras_vllm.testing import FAMILIES
+
+        return FAMILIES
+
+    def __contains__(self, name):
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
+
+
 def _bench(args):
     # Imported here: the benchmark is the top layer, nothing else needs it.
     from keras_vllm.bench import run
@@ -261,7 +278,14 @@ def build_parser():
         parents=[output],
         help="fine-tune, export, serve and compare a tiny model, offline",
     )
-    p.add_argument("--family", default="llama3")
+    p.add_argument(
+        "--family",
+        default="llama3",
+        choices=_DemoFamilies(),
+        metavar="FAMILY",
+        help="the tiny model's family (default: llama3): "
+        "one of keras_vllm.testing.FAMILIES",
+    )
     p.add_argument("--workdir", default=None, help="default: a temp dir")
     p.add_argument("--steps", type=int, default=100)
     p.set_defaults(func=_demo)
@@ -292,10 +316,22 @@ def main(argv=None):
     if args.quiet:
         # -q: results and errors only (not, e.g., the CPU-backend notice).
         logging.getLogger("keras_vllm").setLevel(logging.ERROR)
-    from keras_vllm import _env  # noqa: F401
-    from keras_vllm import logs
     from keras_vllm.errors import KerasVllmError
 
+    try:
+        return _run(args)
+    except KerasVllmError as e:
+        # Refusals (a bad artifact, model or setting, a malformed
+        # KERAS_VLLM_* variable) are one line, not a traceback.
+        print(f"keras-vllm: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+
+
+def _run(args):
+    from keras_vllm import _env  # noqa: F401
+    from keras_vllm import logs
+
+    envs.check_own()
     if args.verbose:
         envs.VERBOSE.set("1")
     else:
@@ -311,12 +347,8 @@ def main(argv=None):
         imports.without_serving_stack()
     from keras_vllm import progress
 
-    try:
-        with progress.verbosity(_verbose(args)):
-            return args.func(args)
-    except KerasVllmError as e:
-        print(f"keras-vllm: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_REFUSED
+    with progress.verbosity(_verbose(args)):
+        return args.func(args)
 
 
 if __name__ == "__main__":

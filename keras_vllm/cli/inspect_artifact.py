@@ -87,6 +87,7 @@ def tensor_parallel_lines(path, manifest):
     """Per-device weight and KV cache bytes at TP = 1, 2, 4, 8 (stored
     dtype), from the backbone built with shapes only."""
     from keras_vllm.serve.worker import capacity
+    from keras_vllm.load import tensor_parallel
 
     if not manifest.get("servable", True):
         return []
@@ -107,10 +108,8 @@ def tensor_parallel_lines(path, manifest):
     ]
     for size, weights, kv in rows:
         if weights is None:
-            lines.append(
-                f"                {size:>2}  (attention heads do not split "
-                f"over {size})"
-            )
+            reason = tensor_parallel.refusal(config, size)[0]
+            lines.append(f"                {size:>2}  (refused: {reason})")
         else:
             lines.append(
                 f"                {size:>2}  {_size(weights):>18}  {_size(kv):>18}"

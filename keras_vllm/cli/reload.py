@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 
 ENABLE_RELOAD = "--enable-reload"
+# `cli.EXIT_REFUSED` (cli/commands.py imports this module).
+EXIT_REFUSED = 3
 
 
 def add_enable_option(parser):
@@ -95,7 +97,9 @@ def reload(args):
             message = ""
         print(f"keras-vllm reload: {e.code}: {message or e.reason}",
               file=sys.stderr)
-        return 1
+        # The server answered: it refused the artifact (or the caller),
+        # like the CLI's other refusals.
+        return EXIT_REFUSED
     except (urllib.error.URLError, OSError) as e:
         print(f"keras-vllm reload: cannot reach {url}: {e}", file=sys.stderr)
         return 1

@@ -7,7 +7,13 @@ keras-hub's converter leaves it behind: a model fine-tuned from
 `/v1/chat/completions` would refuse every request. So an export whose
 model came from such a preset stores the preset's template unless the
 caller passes one (`chat_template=`) or declines it (`chat_template=False`).
-KerasHub presets have none.
+
+KerasHub presets carry no template file, but keras-hub knows which of its
+presets are instruction-tuned (their names and descriptions) and each
+family's tokenizer declares the special tokens of its chat format. An
+export of a model from an instruction-tuned KerasHub preset stores its
+family's chat format, registered by the family's module in
+`keras_vllm/layers/` (`registry.register_chat_template`).
 """
 
 import json
@@ -68,9 +74,52 @@ def preset_template(handle):
     return template if isinstance(template, str) and template else None
 
 
-def resolve(chat_template, handle):
+def _preset_names(handle):
+    """The names a handle may carry a KerasHub preset's name under: itself,
+    and each component of its path (`kaggle://keras/gemma2/keras/
+    gemma2_instruct_2b_en/2`, or the local copy keras-hub downloads it to)."""
+    text = str(handle).split("://", 1)[-1].rstrip("/")
+    return [text] + [part for part in text.split("/") if part]
+
+
+def instruction_tuned(handle):
+    """Whether `handle` names one of keras-hub's instruction-tuned presets.
+
+    Judged by what keras-hub's preset registry says of the preset: its
+    description ("instruction tuned") or its name (`*_instruct_*`, `*_it`).
+    """
+    import keras_hub
+
+    known = keras_hub.models.Backbone.presets
+    for name in _preset_names(handle):
+        if name not in known:
+            continue
+        description = str(
+            known[name].get("metadata", {}).get("description", "")
+        ).lower()
+        return (
+            "instruct" in description
+            or "instruct" in name
+            or name.endswith("_it")
+        )
+    return False
+
+
+def family_template(handle, tokenizer):
+    """The family's chat format for a model from an instruction-tuned
+    KerasHub preset (`instruction_tuned`), or None."""
+    if handle is None or tokenizer is None or not instruction_tuned(handle):
+        return None
+    from keras_vllm.layers import families  # noqa: F401  (registers them)
+    from keras_vllm.layers.common import registry
+
+    return registry.chat_template(tokenizer)
+
+
+def resolve(chat_template, handle, tokenizer=None):
     """The template text to store: the caller's (text or a file's path),
-    none for `False`, else the preset's own.
+    none for `False`, else the preset's own (a Hugging Face checkpoint's
+    file, or the family's format for an instruction-tuned KerasHub preset).
 
     Raises:
         ExportError: the template is larger than an artifact may hold.
@@ -81,6 +130,8 @@ def resolve(chat_template, handle):
         if handle is None:
             return None
         chat_template = preset_template(handle)
+        if chat_template is None:
+            chat_template = family_template(handle, tokenizer)
         if chat_template is not None:
             logger.info(
                 "keras-vllm: storing the chat template of the preset '%s' "

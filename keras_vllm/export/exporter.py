@@ -68,7 +68,8 @@ def export_vllm(
             SHA-256); `preset=` names a preset base instead.
         weights: `"auto"` (an adapter when LoRA is enabled and a base is
             known; else store only what differs from the preset, nothing
-            if it equals it, everything without a preset), `"adapter"`
+            if it equals it, everything without a preset or when every
+            variable differs: then it depends on no preset), `"adapter"`
             (only the LoRA factors and any other variable that differs
             from the base), `"delta"`, `"full"` or `"preset"`.
         overwrite: replace an existing artifact at `path`.
@@ -79,8 +80,10 @@ def export_vllm(
         chat_template: a Jinja chat template (text, or a path to a file)
             stored for `/v1/chat/completions`. Defaults to the preset's
             own when the model came from a Hugging Face checkpoint that
-            has one (`chat_template.jinja` or `tokenizer_config.json`);
-            `False` stores none.
+            has one (`chat_template.jinja` or `tokenizer_config.json`), or
+            the family's chat format when it came from an
+            instruction-tuned KerasHub preset (e.g.
+            `gemma2_instruct_2b_en`); `False` stores none.
         allow_unservable: export a backbone whose attention keras-vllm
             cannot serve on vLLM (for Keras-side use only). By default such
             a model is refused, naming the attention class.
@@ -163,7 +166,7 @@ def _export(
     )
     if handle is not None:
         checkpoint_tokenizer.warn_if_converted_differently(tokenizer, handle)
-    chat_template = chat_templates.resolve(chat_template, handle)
+    chat_template = chat_templates.resolve(chat_template, handle, tokenizer)
     chat_templates.warn_if_no_start_token(
         chat_template, preprocessor, tokenizer
     )
@@ -251,6 +254,13 @@ def _export(
         mode = "delta" if stored else "preset"
         if weights == "delta":
             mode = "delta"
+        elif len(stored) == len(all_weights):
+            # Every variable differs (a full fine-tune, or a quantized model
+            # over a float checkpoint): a delta would store them all and
+            # still pin the preset, which serving hosts must then have.
+            # Stored full, the preset named for provenance only.
+            stored, mode = all_weights, "full"
+            preset_section = {"handle": handle, "files": {}}
     else:
         if handle is not None:
             preset_section = {"handle": handle, "files": {}}

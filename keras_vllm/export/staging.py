@@ -75,7 +75,8 @@ def check_target(target, overwrite):
 
     Raises:
         ExportError: if the target exists without `overwrite=True`, is a
-            file, or its parent directory is missing or not writable.
+            file, or its nearest existing parent directory is not a
+            writable directory (missing ones are created at the write).
     """
     target = os.path.abspath(os.fspath(target))
     parent = os.path.dirname(target)
@@ -91,19 +92,21 @@ def check_target(target, overwrite):
                 "it (the old artifact stays intact until the new one is "
                 "complete), or choose another path."
             )
-    if os.path.lexists(parent) and not os.path.isdir(parent):
+    # Missing parent directories are created at the write, as
+    # `save_to_preset` creates them; the nearest existing one must be a
+    # writable directory.
+    existing = parent
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
         raise ExportError(
-            f"'{parent}' is not a directory, so '{target}' cannot be created "
-            "in it. Choose an export path inside a directory."
+            f"'{existing}' is not a directory, so '{target}' cannot be "
+            "created in it. Choose an export path inside a directory."
         )
-    if not os.path.isdir(parent):
+    if not os.access(existing, os.W_OK | os.X_OK):
         raise ExportError(
-            f"The parent directory '{parent}' does not exist. Create it first."
-        )
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ExportError(
-            f"The directory '{parent}' is not writable. Export to a directory "
-            "you can write to."
+            f"The directory '{existing}' is not writable. Export to a "
+            "directory you can write to."
         )
     return target
 
@@ -122,6 +125,12 @@ def staged_directory(target, overwrite=False):
     """
     target = check_target(target, overwrite)
     parent = os.path.dirname(target)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise ExportError(
+            f"Cannot create the directory '{parent}': {e.strerror or e}."
+        ) from e
     for name in os.listdir(parent):
         if name.startswith(_staging_prefix(target)):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)

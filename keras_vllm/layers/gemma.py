@@ -11,6 +11,7 @@ the backbone's own head.
 from keras_hub.src.models.gemma.gemma_attention import CachedGemmaAttention
 
 from keras_vllm.layers.common.gemma_attention import GemmaPagedAttention
+from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 
 
@@ -32,3 +33,26 @@ class PagedGemmaAttention(CachedGemmaAttention, GemmaPagedAttention):
         out = self.gemma_attend(query, key, self.value_dense(x))
         out = self.output_dense(out)
         return (out, cache) if cache is not None else out
+
+
+# The chat format of Gemma's instruction-tuned presets (Gemma 1, 1.1, 2,
+# CodeGemma): `user` and `model` turns between `<start_of_turn>` and
+# `<end_of_turn>`; Gemma has no system role, so a system message opens the
+# first user turn.
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% set state = namespace(system='') %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}"
+    "{% set state.system = (m['content'] | trim) ~ '\\n\\n' %}"
+    "{% else %}"
+    "<start_of_turn>{{ 'model' if m['role'] in ('assistant', 'model') "
+    "else 'user' }}\n{{ state.system }}{{ m['content'] | trim }}"
+    "<end_of_turn>\n{% set state.system = '' %}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+register_chat_template(
+    "GemmaTokenizer",
+    GEMMA_CHAT_TEMPLATE,
+    tokens=("<start_of_turn>", "<end_of_turn>"),
+)

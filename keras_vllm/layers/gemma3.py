@@ -17,6 +17,8 @@ from keras_hub.src.models.gemma3.gemma3_attention import CachedGemma3Attention
 
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.layers.common.gemma_attention import GemmaPagedAttention
+from keras_vllm.layers.gemma import GEMMA_CHAT_TEMPLATE
+from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 
 
@@ -53,3 +55,10 @@ class PagedGemma3Attention(CachedGemma3Attention, GemmaPagedAttention):
         out = self.gemma_attend(query, key, self.value_dense(x))
         out = self.output_dense(out)
         return (out, cache) if cache is not None else out
+
+# Gemma 3's instruction-tuned presets chat as Gemma's.
+register_chat_template(
+    "Gemma3Tokenizer",
+    GEMMA_CHAT_TEMPLATE,
+    tokens=("<start_of_turn>", "<end_of_turn>"),
+)

@@ -9,6 +9,7 @@ from keras_hub.src.models.llama.llama_attention import LlamaAttention
 
 from keras_vllm.layers.common.base import KVCacheSpec
 from keras_vllm.layers.common.base import head_size
+from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 from keras_vllm.layers.common.rotary_attention import RotaryPagedAttention
 
@@ -25,3 +26,30 @@ class PagedLlamaAttention(LlamaAttention, RotaryPagedAttention):
             num_kv_heads=self.num_key_value_heads,
             head_dim=head_size(self._query_dense),
         )
+
+
+# Llama 3 / 3.1 / 3.2 instruct: each message under a role header, ended by
+# `<|eot_id|>` (the tokenizer's second end token, a stop token).
+register_chat_template(
+    "Llama3Tokenizer",
+    "{{ bos_token }}{% for m in messages %}"
+    "<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}",
+    tokens=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+)
+# Llama 2 chat: each exchange is `<s>[INST] user [/INST] answer </s>`, the
+# system prompt inside the first instruction between `<<SYS>>` markers.
+register_chat_template(
+    "LlamaTokenizer",
+    "{% set state = namespace(system='') %}{% for m in messages %}"
+    "{% if m['role'] == 'system' %}"
+    "{% set state.system = '<<SYS>>\\n' ~ (m['content'] | trim) "
+    "~ '\\n<</SYS>>\\n\\n' %}"
+    "{% elif m['role'] == 'user' %}"
+    "{{ bos_token }}[INST] {{ state.system }}{{ m['content'] | trim }} "
+    "[/INST]{% set state.system = '' %}"
+    "{% else %} {{ m['content'] | trim }} {{ eos_token }}{% endif %}"
+    "{% endfor %}",
+)

@@ -13,6 +13,7 @@ from keras_hub.src.models.mistral.mistral_attention import (
 )
 
 from keras_vllm.layers.common.base import KVCacheSpec
+from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 from keras_vllm.layers.common.rotary_attention import RotaryPagedAttention
 
@@ -31,3 +32,19 @@ class PagedMistralAttention(CachedMistralAttention, RotaryPagedAttention):
             head_dim=self._head_dim,
             sliding_window=None if window is None else int(window),
         )
+
+
+# Mistral instruct: `[INST] user [/INST]answer</s>` after one start token;
+# a system message opens the first instruction.
+MISTRAL_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% set state = namespace(system='') %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}"
+    "{% set state.system = (m['content'] | trim) ~ '\\n\\n' %}"
+    "{% elif m['role'] == 'user' %}"
+    "[INST] {{ state.system }}{{ m['content'] | trim }} [/INST]"
+    "{% set state.system = '' %}"
+    "{% else %}{{ m['content'] | trim }}{{ eos_token }}{% endif %}"
+    "{% endfor %}"
+)
+register_chat_template("MistralTokenizer", MISTRAL_CHAT_TEMPLATE)

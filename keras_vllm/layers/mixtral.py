@@ -12,6 +12,8 @@ from keras_hub.src.models.mixtral.mixtral_attention import (
 )
 
 from keras_vllm.layers.common.base import KVCacheSpec
+from keras_vllm.layers.mistral import MISTRAL_CHAT_TEMPLATE
+from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 from keras_vllm.layers.common.rotary_attention import RotaryPagedAttention
 
@@ -32,3 +34,6 @@ class PagedMixtralAttention(CachedMixtralAttention, RotaryPagedAttention):
             head_dim=self._head_dim,
             sliding_window=None if window is None else int(window),
         )
+
+# Mixtral's instruct preset chats as Mistral's.
+register_chat_template("MixtralTokenizer", MISTRAL_CHAT_TEMPLATE)

@@ -29,6 +29,7 @@ from keras_vllm.layers.common.base import KVCacheSpec
 from keras_vllm.layers.common.base import head_size
 from keras_vllm.layers.common.base import PagedAttention
 from keras_vllm.layers.common.context import require_context
+from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 
 
@@ -106,3 +107,13 @@ class PagedPhi3Attention(Phi3Attention, PagedAttention):
         )
         out = self.output_dense(out)
         return (out, cache) if cache is not None else out
+
+
+# Phi-3 instruct: `<|role|>\n...<|end|>\n` per message.
+register_chat_template(
+    "Phi3Tokenizer",
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n"
+    "{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
+    tokens=("<|user|>", "<|assistant|>", "<|end|>"),
+)

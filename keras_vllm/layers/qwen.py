@@ -12,6 +12,7 @@ from keras_hub.src.models.qwen.qwen_attention import QwenAttention
 
 from keras_vllm.layers.common.base import KVCacheSpec
 from keras_vllm.layers.common.base import head_size
+from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 from keras_vllm.layers.common.rotary_attention import RotaryPagedAttention
 
@@ -28,3 +29,20 @@ class PagedQwenAttention(QwenAttention, RotaryPagedAttention):
             num_kv_heads=self.num_key_value_heads,
             head_dim=head_size(self._query_dense),
         )
+
+
+# ChatML, as Qwen's instruct presets chat: `<|im_start|>role\n...<|im_end|>`.
+CHATML_TURNS = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
+# Qwen 2.5 instruct answers as itself under its default system prompt.
+register_chat_template(
+    "QwenTokenizer",
+    "{% if not messages or messages[0]['role'] != 'system' %}"
+    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a "
+    "helpful assistant.<|im_end|>\n{% endif %}" + CHATML_TURNS,
+    tokens=CHATML_TOKENS,
+)

@@ -13,6 +13,9 @@ from keras_hub.src.models.qwen3.qwen3_attention import Qwen3Attention
 
 from keras_vllm.layers.common.base import KVCacheSpec
 from keras_vllm.layers.common.base import PagedAttention
+from keras_vllm.layers.qwen import CHATML_TOKENS
+from keras_vllm.layers.qwen import CHATML_TURNS
+from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 
 
@@ -47,3 +50,6 @@ class PagedQwen3Attention(Qwen3Attention, PagedAttention):
         )
         out = self._output_dense(out)
         return (out, cache) if cache is not None else out
+
+# Its instruct presets chat in ChatML, without Qwen 2.5's default system.
+register_chat_template("Qwen3Tokenizer", CHATML_TURNS, tokens=CHATML_TOKENS)

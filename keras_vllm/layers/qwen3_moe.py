@@ -15,6 +15,9 @@ from keras_hub.src.models.qwen3_moe.qwen3_moe_attention import (
 
 from keras_vllm.layers.common.base import PagedAttention
 from keras_vllm.layers.qwen3 import PagedQwen3Attention
+from keras_vllm.layers.qwen import CHATML_TOKENS
+from keras_vllm.layers.qwen import CHATML_TURNS
+from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 
 
@@ -29,3 +32,6 @@ class PagedQwen3MoeAttention(Qwen3MoeAttention, PagedAttention):
 
     kv_cache_spec = PagedQwen3Attention.kv_cache_spec
     call = PagedQwen3Attention.call
+
+# Its instruct presets chat in ChatML, without Qwen 2.5's default system.
+register_chat_template("Qwen3MoeTokenizer", CHATML_TURNS, tokens=CHATML_TOKENS)

@@ -13,6 +13,9 @@ from keras_hub.src.models.qwen_moe.qwen_moe_attention import QwenMoeAttention
 
 from keras_vllm.layers.common.base import KVCacheSpec
 from keras_vllm.layers.common.base import head_size
+from keras_vllm.layers.qwen import CHATML_TOKENS
+from keras_vllm.layers.qwen import CHATML_TURNS
+from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 from keras_vllm.layers.common.rotary_attention import RotaryPagedAttention
 
@@ -35,3 +38,6 @@ class PagedQwenMoeAttention(QwenMoeAttention, RotaryPagedAttention):
             head_dim=head_size(self.query_dense),
             sliding_window=window,
         )
+
+# Its instruct presets chat in ChatML, without Qwen 2.5's default system.
+register_chat_template("QwenMoeTokenizer", CHATML_TURNS, tokens=CHATML_TOKENS)

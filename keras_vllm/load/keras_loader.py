@@ -5,6 +5,7 @@ import os
 import numpy as np
 
 from keras_vllm import format as fmt
+from keras_vllm import logs
 from keras_vllm.hub import presets
 from keras_vllm import progress
 from keras_vllm.hub import reference
@@ -65,6 +66,15 @@ def load_tokenizer(path, manifest=None):
     fmt.references.check_asset_fields(config, "tokenizer.config")
     check_config_keys(cls, config, "tokenizer")
     config = fmt.tokenizer_args.constructor_config(cls.__name__, config)
+    # tensorflow-text's SentencePiece prints an INFO line from C++ as its
+    # model loads (at the first probe).
+    with logs.without_sentencepiece_info():
+        tokenizer = _load_and_probe(cls, config, assets, section, manifest)
+    return tokenizer
+
+
+def _load_and_probe(cls, config, assets, section, manifest):
+    """Builds the tokenizer, loads its assets and replays its probes."""
     tokenizer = rebuild.construct(cls, config, "tokenizer")
     try:
         # Outside safe mode: keras-hub's `load_assets` passes the assets'

@@ -38,16 +38,20 @@ def valid_sizes(num_heads, num_kv_heads, up_to=_LISTED_UP_TO):
     ]
 
 
-def check_tensor_parallel(config, size, where):
-    """Refuses a TP size the artifact's attention heads cannot split over.
+def refusal(config, size, where="this artifact"):
+    """Why `size` devices cannot serve the artifact, or None when they can.
+
+    The one check serving runs (`check_tensor_parallel`) and `keras-vllm
+    inspect` lists, so the two never disagree.
 
     Args:
         config: the artifact's parsed `config.json`.
-        size: the requested tensor-parallel size.
+        size: the tensor-parallel size.
         where: the artifact, as the message names it.
 
-    Raises:
-        ServingError: naming the head counts and the sizes that work.
+    Returns:
+        None, or `(reason, message)`: a short reason (a table cell) and the
+        full message, naming the fix.
     """
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
@@ -56,24 +60,42 @@ def check_tensor_parallel(config, size, where):
     if size > 1 and vocabulary % size:
         # tpu-inference splits the logits over the vocabulary on every TP
         # size; an uneven split fails in XLA minutes into the start.
-        raise ServingError(
+        return (
+            f"the vocabulary ({vocabulary} tokens) does not divide by {size}",
             f"tensor_parallel_size={size} cannot serve {where}: its "
             f"vocabulary has {vocabulary} tokens, and vLLM's TPU backend "
             "splits the logits over the vocabulary, which must divide by "
             "the size. Serve it on one device, or pad the vocabulary (e.g. "
             "resize the token embedding to a multiple of the size) before "
-            "fine-tuning."
+            "fine-tuning.",
         )
     if shardable(heads, kv_heads, size):
-        return
+        return None
     sizes = ", ".join(str(s) for s in valid_sizes(heads, kv_heads))
-    raise ServingError(
+    return (
+        f"attention heads do not split over {size}",
         f"tensor_parallel_size={size} cannot serve {where}: its attention "
         f"has {heads} query heads and {kv_heads} key/value heads, and "
         "tensor parallelism splits attention by heads (query heads must "
         "divide by the size; key/value heads must divide by it or divide "
-        f"it). Sizes that work: {sizes}."
+        f"it). Sizes that work: {sizes}.",
     )
+
+
+def check_tensor_parallel(config, size, where):
+    """Refuses a TP size the artifact cannot be split over (`refusal`).
+
+    Args:
+        config: the artifact's parsed `config.json`.
+        size: the requested tensor-parallel size.
+        where: the artifact, as the message names it.
+
+    Raises:
+        ServingError: naming the head counts or vocabulary and what works.
+    """
+    refused = refusal(config, size, where)
+    if refused is not None:
+        raise ServingError(refused[1])
 
 
 def check_data_parallel(size, where):

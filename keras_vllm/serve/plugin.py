@@ -97,7 +97,11 @@ def register():
 
     # A request back from preemption continues from its real tokens.
     resumed_tokens.install()
-    from keras_vllm.serve.frontend import shutdown
+    from keras_vllm.serve.worker import model_inspection
+
+    # `repr(llm)` (a notebook showing `engine.llm`) describes the model.
+    model_inspection.install()
+    from keras_vllm.serve.frontend import shutdown as shutdown_aborts
 
     # Requests running at SIGTERM end as aborted instead of hanging.
     shutdown.install()

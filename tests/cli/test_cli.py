@@ -70,6 +70,72 @@ def test_usage_error_exit_code():
     assert _run("inspect").returncode == 2
 
 
+@pytest.mark.parametrize(
+    "variable, value",
+    [
+        ("KERAS_VLLM_VERBOSE", "maybe"),  # read as keras_vllm is imported
+        ("KERAS_VLLM_DEVICE", "gpu"),  # read by the command
+    ],
+)
+def test_malformed_variable_is_one_line_exit_3(variable, value, tmp_path):
+    result = subprocess.run(
+        CLI + ["inspect", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, variable: value},
+    )
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith(
+        f"keras-vllm: ConfigurationError: {variable}={value!r} is not valid"
+    ), result.stderr
+    assert len(lines) == 1, result.stderr
+
+
+def test_reload_refusal_exits_3():
+    """A server that refuses the artifact (here a stand-in answering 409
+    as `serve --enable-reload` does) is a refusal: exit 3, one line."""
+    import http.server
+    import json
+    import threading
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802  (http.server's name)
+            body = json.dumps({"error": "its tokenizer differs"}).encode()
+            self.send_response(409)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Refusing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        result = _run("reload", url, "/some/artifact")
+    finally:
+        server.shutdown()
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.strip() == (
+        "keras-vllm reload: 409: its tokenizer differs"
+    )
+
+
+def test_demo_family_must_be_a_known_one():
+    from keras_vllm.cli.commands import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["demo", "--family", "gemma"]).family == "gemma"
+    result = _run("demo", "--family", "llama4")
+    assert result.returncode == 2
+    assert "invalid choice: 'llama4'" in result.stderr
+    assert "gpt2" in result.stderr  # the families it accepts are listed
+
+
 def test_inspect_summarizes(exported, preset):
     result = _run("inspect", exported)
     assert result.returncode == 0, result.stderr
@@ -79,7 +145,7 @@ def test_inspect_summarizes(exported, preset):
     # over 1, 2 and 4 devices, not 8.
     rows = result.stdout.split("per device", 1)[1].splitlines()[1:5]
     assert [row.split()[0] for row in rows] == ["1", "2", "4", "8"]
-    assert "do not split over 8" in rows[3]
+    assert "refused: attention heads do not split over 8" in rows[3]
 
 
 def test_verify_passes_then_detects_corruption(exported, tmp_path):
@@ -103,6 +169,20 @@ def test_verify_passes_then_detects_corruption(exported, tmp_path):
     result = _run("verify", broken)
     assert result.returncode == 3
     assert "golden.json" in result.stderr
+
+
+def test_verify_of_a_sentencepiece_model_prints_no_cpp_lines(tmp_path):
+    """tensorflow-text's SentencePiece prints `normalizer.cc(51) LOG(INFO)
+    precompiled_charsmap is empty ...` from C++ as a model without a
+    normalization table loads; verify's output has only its results."""
+    path = testing.build_tiny_causal_lm("gemma").export_vllm(
+        tmp_path / "gemma", golden_prompts=("The",), golden_max_new_tokens=2
+    )
+    result = _run("verify", path)
+    assert result.returncode == 0, result.stderr
+    assert "golden (keras)  ok" in result.stdout
+    output = result.stdout + result.stderr
+    assert "normalizer.cc" not in output and "LOG(INFO)" not in output, output
 
 
 def test_export_refuses_existing_path(exported, preset):

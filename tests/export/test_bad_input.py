@@ -123,10 +123,20 @@ def test_parent_is_a_file(causal_lm, tmp_path):
     assert parent.read_text() == "keep me"
 
 
-def test_parent_missing(causal_lm, tmp_path):
-    with pytest.raises(keras_vllm.ExportError, match="does not exist. Create it first"):
-        causal_lm.export_vllm(tmp_path / "missing" / "artifact")
-    assert os.listdir(tmp_path) == []
+def test_missing_parents_are_created(causal_lm, tmp_path):
+    """README's `export_vllm("exports/tuned")` on a fresh directory: the
+    missing parents are created, as `save_to_preset` creates them."""
+    target = tmp_path / "exports" / "run1" / "tuned"
+    path = _export(causal_lm, target)
+    assert path == str(target)
+    assert os.path.isfile(target / fmt.MANIFEST_FILE)
+
+
+def test_ancestor_is_a_file(causal_lm, tmp_path):
+    (tmp_path / "a_file").write_text("keep me")
+    with pytest.raises(keras_vllm.ExportError, match="is not a directory"):
+        causal_lm.export_vllm(tmp_path / "a_file" / "sub" / "artifact")
+    assert (tmp_path / "a_file").read_text() == "keep me"
 
 
 def test_unwritable_directory_read_only_mount(causal_lm, tmp_path):

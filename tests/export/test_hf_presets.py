@@ -154,6 +154,39 @@ def test_delta_export_from_hf_checkpoint(family, checkpoint_root, tmp_path):
     assert "weights='full'" in str(refused.value)
 
 
+def test_int8_export_over_a_checkpoint_is_stored_full(
+    checkpoint_root, tmp_path
+):
+    """Fine-tuned, then quantized to int8: every variable differs from the
+    float checkpoint, so `weights="auto"` stores them all as a full export
+    that pins nothing (a delta would store the same and still need the
+    checkpoint on every serving host)."""
+    import keras_hub
+
+    import keras_vllm
+
+    directory = str(tmp_path / "checkpoint")
+    shutil.copytree(_checkpoint(checkpoint_root, "llama"), directory)
+    causal_lm = keras_hub.models.CausalLM.from_preset(directory)
+    for variable in causal_lm.backbone.weights:  # as a full fine-tune moves
+        variable.assign(variable.numpy() * 1.01)
+    causal_lm.backbone.quantize("int8")
+    out = causal_lm.export_vllm(
+        str(tmp_path / "out"), max_sequence_length=64,
+        golden_prompts=["the cat"], golden_max_new_tokens=4,
+    )
+    manifest = fmt.read_manifest(out)
+    weights = manifest["weights"]
+    assert weights["mode"] == "full"
+    assert len(weights["variables"]) == weights["total_variables"]
+    assert manifest["preset"] == {
+        "handle": os.path.abspath(directory), "files": {}
+    }
+    shutil.rmtree(directory)  # the serving host has no checkpoint
+    loaded = keras_vllm.load_causal_lm(out, verbose=False)
+    assert _greedy(loaded) == _greedy(causal_lm)
+
+
 def test_export_after_the_checkpoint_moved_says_how_to_export(
     checkpoint_root, tmp_path
 ):

@@ -100,7 +100,7 @@ def test_reload_refuses_without_the_key_then_swaps_the_weights(server):
         assert response.status_code == 401, response.text
         assert "API key" in response.json()["error"]
     refused = _reload(server, server.paths.new)
-    assert refused.returncode == 1 and "401" in refused.stderr
+    assert refused.returncode == 3 and "401" in refused.stderr
     assert _complete(server, prompts) == old_tokens
 
     # Requests in flight while the weights change: each answered by one
@@ -143,7 +143,7 @@ def test_incompatible_export_is_refused_over_http(server):
     )
     before = _served_hash(server)
     refused = _reload(server, other, "--api-key", KEY)
-    assert refused.returncode == 1
+    assert refused.returncode == 3
     assert "400" in refused.stderr and "its backbone is" in refused.stderr
     assert _served_hash(server) == before
     expected = server.new if before == fmt.manifest_hash(
@@ -183,3 +183,22 @@ def test_serve_adds_the_route_only_when_asked():
     assert args.vllm_args == ["--port", "1"]
     assert added[:2] == ["--middleware", serve_reload.MIDDLEWARE]
     assert "--worker-extension-cls" in added
+
+
+def test_chat_on_an_artifact_without_a_template_is_a_clear_400(server):
+    """Not about reloads: this server's artifact has no chat template, and
+    `/v1/chat/completions` says so (and how to add one) with a 400."""
+    response = requests.post(
+        server.url + "/v1/chat/completions",
+        json={
+            "model": server.paths.old,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+        },
+        headers=_auth(),
+        timeout=120,
+    )
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert "has no chat template" in message, message
+    assert "chat_template=" in message, message

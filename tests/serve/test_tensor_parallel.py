@@ -242,3 +242,32 @@ def test_a_vocabulary_that_does_not_divide_is_refused_before_the_start():
         tensor_parallel.check_tensor_parallel(
             {**config, "vocab_size": 511}, 2, "x"
         )
+
+
+def test_inspect_lists_as_fine_only_what_serving_accepts(llama_artifact):
+    """`keras-vllm inspect`'s per-device table and the serving check agree,
+    the vocabulary included: an odd vocabulary is refused at TP > 1."""
+    from keras_vllm.cli import inspect_artifact
+    from keras_vllm.errors import ServingError
+
+    opened = fmt.open_artifact(llama_artifact, verify=False)
+    manifest, config = opened.manifest, opened.read_json(fmt.CONFIG_FILE)
+    backbone = capacity.abstract_backbone(manifest)
+    for vocabulary in (config["vocab_size"], 511):
+        edited = {**config, "vocab_size": vocabulary}
+        for size, weights, _ in capacity.per_device(
+            backbone, edited, manifest["dtype"]
+        ):
+            try:
+                tensor_parallel.check_tensor_parallel(edited, size, "x")
+                served = True
+            except ServingError:
+                served = False
+            assert (weights is not None) == served, (vocabulary, size)
+    rows = capacity.per_device(
+        backbone, {**config, "vocab_size": 511}, manifest["dtype"], (1, 2)
+    )
+    assert rows[0][1] is not None and rows[1][1] is None
+    lines = inspect_artifact.tensor_parallel_lines(llama_artifact, manifest)
+    assert any("(refused: attention heads do not split over 8)" in line
+               for line in lines), lines

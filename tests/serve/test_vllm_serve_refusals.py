@@ -140,7 +140,7 @@ def test_every_entry_point_refuses_with_the_same_words(
     preflight (`serve/preflight.py`): the same refusal, word for word."""
     import vllm
 
-    from keras_vllm.cli import main as cli
+    from keras_vllm.cli.commands import main as cli
 
     def started(*args, **kwargs):
         raise AssertionError("vLLM started on an artifact it must refuse")

@@ -594,3 +594,118 @@ def test_from_pretrained_verifies_the_files_it_reads(art, tmp_path):
     path, name = flipped(fmt.TOKENIZER_DIR + "/")
     with pytest.raises(IntegrityError, match=name):
         KerasVllmTokenizer.from_pretrained(path)
+
+
+GEMMA_STYLE_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+    "{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("family", ["gemma", "llama", "llama3", "gpt2"])
+def test_rendered_special_tokens_are_the_preprocessors_ids(family, tmp_path):
+    """A template's `{{ bos_token }}` renders as text (`<bos>`); the chat's
+    ids are what the model's own preprocessor makes of the conversation
+    (its start token, then the text), for SentencePiece (control symbols
+    and user-defined ones) and byte-level BPE tokenizers alike."""
+    import numpy as np
+
+    lm = testing.build_tiny_causal_lm(family)
+    path = lm.export_vllm(
+        tmp_path / family, golden_prompts=(), chat_template=GEMMA_STYLE_TEMPLATE
+    )
+    tok = KerasVllmTokenizer.from_pretrained(path)
+    messages = [
+        {"role": "user", "content": "the quick brown fox"},
+        {"role": "model", "content": "jumps over"},
+        {"role": "user", "content": "héllo 🙂"},
+    ]
+    text = tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    assert text.startswith(tok.bos_token)
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+    preprocessed = lm.preprocessor.generate_preprocess(
+        text[len(tok.bos_token):], sequence_length=256
+    )
+    mask = np.asarray(preprocessed["padding_mask"]).astype(bool)
+    want = [int(i) for i in np.asarray(preprocessed["token_ids"])[mask]]
+    assert want[0] == tok.bos_token_id
+    assert ids == want
+    # What vLLM's renderer does with the text: the same ids.
+    assert tok.encode(text, add_special_tokens=False) == want
+    # A plain prompt stays as generate() tokenizes it.
+    assert tok.encode("the quick") == reference.prompt_token_ids(lm, "the quick")
+
+
+@pytest.mark.parametrize(
+    "family, preset_name",
+    [
+        ("gemma", "gemma2_instruct_2b_en"),
+        ("gemma3", "gemma3_instruct_1b"),
+        ("llama3", "llama3_instruct_8b_en"),
+        ("llama", "llama2_instruct_7b_en"),
+        ("mistral", "mistral_instruct_7b_en"),
+        ("qwen", "qwen2.5_instruct_0.5b_en"),
+        ("phi3", "phi3_mini_4k_instruct_en"),
+    ],
+)
+def test_instruct_preset_exports_its_familys_chat_format(
+    family, preset_name, tmp_path
+):
+    """A model from an instruction-tuned KerasHub preset (here a tiny one
+    saved where keras-hub's download of that preset would lie) exports its
+    family's chat format; a conversation renders to the ids the model's
+    preprocessor makes of the same text."""
+    import keras_hub
+    import numpy as np
+
+    from keras_vllm.layers.common import registry
+
+    preset = str(tmp_path / "keras" / preset_name / "1")
+    testing.save_tiny_preset(testing.build_tiny_causal_lm(family), preset)
+    lm = keras_hub.models.CausalLM.from_preset(preset)
+    path = lm.export_vllm(tmp_path / "out", golden_prompts=())
+    tok = KerasVllmTokenizer.from_pretrained(path)
+    assert tok.chat_template == registry.chat_template(lm.preprocessor.tokenizer)
+    assert tok.chat_template is not None
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "the quick brown fox"},
+        {"role": "assistant", "content": "jumps over"},
+        {"role": "user", "content": "héllo 🙂"},
+    ]
+    text = tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+    for message in messages:
+        assert message["content"] in text
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+    bos = tok.bos_token if tok.add_bos_token else ""
+    assert text.startswith(bos)
+    # The preprocessor's own ids: its start token, then the text, up to the
+    # next start or end token written as text (Llama 2 and Mistral chats end
+    # each answer with one; the preprocessor adds those only at the ends).
+    first = text[len(bos):]
+    for special in (bos, tok.eos_token):
+        if special and special in first:
+            first = first[: first.index(special)]
+    preprocessed = lm.preprocessor.generate_preprocess(
+        first, sequence_length=256
+    )
+    mask = np.asarray(preprocessed["padding_mask"]).astype(bool)
+    want = [int(i) for i in np.asarray(preprocessed["token_ids"])[mask]]
+    assert ids[: len(want)] == want
+    for token, token_id in ((bos, tok.bos_token_id),
+                            (tok.eos_token, tok.eos_token_id)):
+        if token:
+            assert ids.count(token_id) == text.count(token), token
+    # The base model's preset name: no template (chat needs one given).
+    base = str(tmp_path / "keras" / "gemma2_2b_en" / "1")
+    if family == "gemma":
+        testing.save_tiny_preset(lm, base)
+        plain = keras_hub.models.CausalLM.from_preset(base).export_vllm(
+            tmp_path / "base", golden_prompts=()
+        )
+        assert KerasVllmTokenizer.from_pretrained(plain).chat_template is None

@@ -1,11 +1,12 @@
 """New weights for a running engine (`KerasVllmEngine.update_weights`).
 
 One engine for the module, in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
-the only mode in which a live Keras model can be handed over), on the tiny
-llama's artifact. The new weights are the same model fine-tuned further on
-other token sequences, exported to a second directory. Exports go through
-the same worker method in vLLM's default multiprocess mode (plain values
-over `collective_rpc`); only the live-model path needs this process. The
+the mode in which a live Keras model's arrays are handed over in memory), on
+the tiny llama's artifact. The new weights are the same model fine-tuned
+further on other token sequences, exported to a second directory. Exports go
+through the same worker method in vLLM's default multiprocess mode (plain
+values over `collective_rpc`), where a live model is exported to a temporary
+artifact first (tests/test_engine_in_use.py). The
 same engine also shows two request checks that need an engine but no
 update (refused sampling parameters, structured outputs over a
 SentencePiece tokenizer).
@@ -215,7 +216,11 @@ def test_update_from_a_delta_export(setup):
     # whose generation_config.json an update refuses).
     model.compile(sampler="greedy")
     model.set_weights(setup.new.get_weights())
-    path = updated_models.export(model, setup.root / "delta")
+    # Every variable moved: "auto" would store it full; a delta is asked.
+    path = model.export_vllm(
+        setup.root / "delta", weights="delta", max_sequence_length=256,
+        golden_prompts=testing.prompts()[:2],
+    )
     assert fmt.open_artifact(path).manifest["weights"]["mode"] == "delta"
     setup.engine.update_weights(path)
     assert _served(setup.engine) == _expected(setup.new)
@@ -279,17 +284,6 @@ def test_variables_of_other_shape_or_dtype_are_refused():
     ]:
         with pytest.raises(ServingError, match=message):
             weight_update.check_same_variables(served, incoming, "New")
-
-
-def test_live_model_needs_an_in_process_engine(setup):
-    engine = types.SimpleNamespace(
-        llm=types.SimpleNamespace(
-            llm_engine=types.SimpleNamespace(engine_core=object())
-        ),
-        manifest=_manifest(setup),
-    )
-    with pytest.raises(ServingError, match="export_vllm"):
-        engine_updates.live_model_values(engine, setup.new)
 
 
 def test_sampling_the_backend_would_not_apply_is_refused(setup):

@@ -48,3 +48,45 @@ def register_paged(base_cls):
 def registered():
     """`{keras_hub_class: paged_subclass}` of the modules imported so far."""
     return dict(_PAGED_CLASSES)
+
+
+_CHAT_TEMPLATES = {}
+
+
+def register_chat_template(tokenizer_class_name, template, tokens=()):
+    """Registers the chat format of a family's instruction-tuned presets.
+
+    KerasHub presets carry no chat template, but each family's
+    instruction-tuned presets were trained on one format, written with the
+    special tokens its tokenizer declares. An export of a model from such a
+    preset stores this template (`keras_vllm.export.chat_templates`).
+
+    Args:
+        tokenizer_class_name: the KerasHub tokenizer class's name (a
+            subclass matches too).
+        template: the Jinja chat template (HF's variables: `messages`,
+            `add_generation_prompt`, `bos_token`, `eos_token`).
+        tokens: special tokens the template writes that the vocabulary must
+            hold as single tokens (an older vocabulary of the family may
+            lack them: then no template is stored).
+    """
+    _CHAT_TEMPLATES[tokenizer_class_name] = (template, tuple(tokens))
+
+
+def chat_template(tokenizer):
+    """The registered chat template for `tokenizer`, or None.
+
+    Looks up the tokenizer's class and its bases by name; None when none
+    is registered or the vocabulary lacks one of the template's tokens.
+    """
+    for cls in type(tokenizer).__mro__:
+        if cls.__name__ in _CHAT_TEMPLATES:
+            template, tokens = _CHAT_TEMPLATES[cls.__name__]
+            for token in tokens:
+                try:
+                    if tokenizer.token_to_id(token) is None:
+                        return None
+                except (KeyError, ValueError):
+                    return None
+            return template
+    return None

@@ -7,6 +7,7 @@ import threading
 from keras_vllm.serve.engine import adapters as engine_adapters
 from keras_vllm.serve.process import start as engine_process
 from keras_vllm.serve import preflight
+from keras_vllm.serve.engine import sampling_defaults
 from keras_vllm.serve.engine import updates
 from keras_vllm import envs
 from keras_vllm import format as fmt
@@ -230,8 +231,9 @@ class KerasVllmEngine:
 
         `source` is a new export of the served model (same architecture,
         dtype, tokenizer and vLLM files; other weights), verified as
-        `from_export` verifies it, or a live `CausalLM` for an engine in
-        this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`). Anything else is
+        `from_export` verifies it, or a live `CausalLM` (in vLLM's default
+        multiprocess mode it is written to a temporary full export first;
+        an in-process engine takes its arrays). Anything else is
         refused (`ServingError`) before a weight is written, and the old
         weights serve on. The update and `generate()` wait for each other,
         so each request is answered by one set of weights; see
@@ -285,7 +287,9 @@ class KerasVllmEngine:
             prompts: a string, a list of strings, or vLLM prompt dicts
                 (e.g. `{"prompt_token_ids": [...]}`).
             sampling_params: `vllm.SamplingParams`; defaults to the exported
-                model's own sampler.
+                model's own sampler and `generate()`'s length: new tokens
+                up to the preprocessor's `sequence_length` in all (vLLM's
+                own default would stop at 16).
             adapter: an adapter name for every prompt, or one name (None:
                 the base) per prompt; None serves the base.
 
@@ -310,9 +314,13 @@ class KerasVllmEngine:
         Args:
             messages: one conversation (a list of `{"role", "content"}`
                 messages) or a list of them.
-            sampling_params: `vllm.SamplingParams`; defaults to the exported
-                model's own sampler.
+            sampling_params: `vllm.SamplingParams`; defaults as in
+                `generate` (the rendered chat counts as the prompt).
             adapter: as in `generate`, one name or one per conversation.
+
+        Raises:
+            ServingError: the artifact has no chat template and the call
+                passes none (`chat_template=`).
 
         Returns:
             A list of vLLM `RequestOutput`, one per conversation.
@@ -322,11 +330,34 @@ class KerasVllmEngine:
         return self._call("chat", messages, count, sampling_params, adapter,
                           kwargs)
 
+    def _check_chat_template(self, kwargs):
+        """Refuses chat on an artifact without a template (and none given)
+        here, before vLLM's renderer turns it into its own error."""
+        if kwargs.get("chat_template") is not None:
+            return
+        if fmt.CHAT_TEMPLATE_FILE in self.manifest.get("files", {}):
+            return
+        from keras_vllm.errors import ServingError
+
+        raise ServingError(
+            f"'{self.path}' has no chat template, so chat messages cannot be "
+            "turned into a prompt. Re-export the model with one "
+            "(`causal_lm.export_vllm(path, chat_template=...)`: Jinja text "
+            "or a .jinja file; KerasHub instruct presets and Hugging Face "
+            "checkpoints store theirs by default), pass one for this call "
+            "(`engine.chat(messages, chat_template=...)`), or send plain "
+            "prompts with `engine.generate`."
+        )
+
     def _call(self, method, inputs, count, sampling_params, adapter, kwargs):
         with self._lock:
             self._check_running()
+            if method == "chat":
+                self._check_chat_template(kwargs)
             if sampling_params is None:
-                sampling_params = self.llm.get_default_sampling_params()
+                sampling_params = sampling_defaults.default_sampling_params(
+                    self.llm, self.manifest, method, inputs, kwargs
+                )
             if adapter is not None:
                 served = engine_adapters.adapter_set(self)
                 kwargs["lora_request"] = served.lora_requests(adapter, count)

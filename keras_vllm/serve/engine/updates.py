@@ -20,28 +20,15 @@ def _is_in_process(llm):
     return isinstance(getattr(llm.llm_engine, "engine_core", None), InprocClient)
 
 
-def live_model_values(engine, causal_lm):
-    """The checked weights of a live `CausalLM`, for an in-process engine.
-
-    Returns:
-        `[(variable, value)]` (see `keras_vllm.hub.weights.backbone_values`).
+def check_live_model(engine, causal_lm):
+    """Refuses a live model that is not the served architecture.
 
     Raises:
-        ServingError: when the engine runs in its own process, or the model
-            is not the served architecture.
+        ServingError: naming what differs, or that it is no `CausalLM`.
     """
-    from keras_vllm.hub import weights as weight_io
     from keras_vllm.export import quantized
     from keras_vllm.export import sections
 
-    if not _is_in_process(engine.llm):
-        raise ServingError(
-            "This engine runs in vLLM's engine process, which cannot reach "
-            "a Keras model of this process. Export the model "
-            "(`causal_lm.export_vllm(path)`) and pass the path, "
-            "`engine.update_weights(path)`; or start the engine in this "
-            "process with VLLM_ENABLE_V1_MULTIPROCESSING=0."
-        )
     backbone = getattr(causal_lm, "backbone", None)
     tokenizer = getattr(getattr(causal_lm, "preprocessor", None), "tokenizer", None)
     if backbone is None or tokenizer is None:
@@ -66,7 +53,53 @@ def live_model_values(engine, causal_lm):
             f"engine's weights: {difference}. An update changes weights "
             "only; export it and start a new engine for it."
         )
-    return weight_io.backbone_values(backbone)
+
+
+def live_model_values(engine, causal_lm):
+    """The checked weights of a live `CausalLM`, for an in-process engine.
+
+    Returns:
+        `[(variable, value)]` (see `keras_vllm.hub.weights.backbone_values`).
+
+    Raises:
+        ServingError: when the model is not the served architecture.
+    """
+    from keras_vllm.hub import weights as weight_io
+
+    check_live_model(engine, causal_lm)
+    return weight_io.backbone_values(causal_lm.backbone)
+
+
+def _update_from_live_export(engine, causal_lm):
+    """A live model's weights for an engine in its own process (vLLM's
+    default): the engine process cannot reach this process's arrays, so
+    the model is exported (all its weights, no golden outputs) to a
+    temporary artifact that the worker reads, verified as any update."""
+    from keras_vllm.export import export_vllm
+
+    check_live_model(engine, causal_lm)
+    if engine._public_key is not None:
+        raise ServingError(
+            "This engine serves signed artifacts only (it was started with "
+            "a public key), and a live model has no signature. Export it, "
+            "sign it (`signing_key=` or `keras-vllm sign`) and pass the "
+            "path: `engine.update_weights(path)`."
+        )
+    with tempfile.TemporaryDirectory(prefix="keras_vllm_update_") as root:
+        path = export_vllm(
+            causal_lm,
+            os.path.join(root, "live"),
+            weights="full",
+            golden_prompts=(),
+            max_sequence_length=engine.manifest["max_sequence_length"],
+            chat_template=False,
+            verbose=False,
+        )
+        engine.llm.reset_prefix_cache()
+        return engine.llm.collective_rpc(
+            "keras_vllm_update_from_artifact",
+            args=(path, None, None, fmt.manifest_hash(path)),
+        )[0]
 
 
 def update_weights(engine, source):
@@ -98,12 +131,14 @@ def update_weights(engine, source):
             )[0]
             engine.path, engine.manifest = path, manifest
             engine.artifact_hash = digest
-        else:
+        elif _is_in_process(llm):
             values = live_model_values(engine, source)
             llm.reset_prefix_cache()
             result = llm.collective_rpc(
                 "keras_vllm_update_from_values", args=(values,)
             )[0]
+        else:
+            result = _update_from_live_export(engine, source)
             engine.artifact_hash = None
             engine._live_updates += 1
         label_weights(engine)

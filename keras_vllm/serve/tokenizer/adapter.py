@@ -6,6 +6,7 @@ from keras_vllm import format as fmt
 from keras_vllm.serve.tokenizer import chat
 from keras_vllm.serve.tokenizer.chat_methods import ChatTemplateMethods
 from keras_vllm.serve.tokenizer.chat_methods import batch_encoding
+from keras_vllm.serve.tokenizer.special_tokens import SpecialTexts
 from keras_vllm.serve.tokenizer.special_tokens import SpecialTokens
 from keras_vllm.serve.tokenizer.vocabulary import KIND_SPM
 from keras_vllm.serve.tokenizer.vocabulary import Vocabulary
@@ -75,6 +76,7 @@ class KerasVllmTokenizer(ChatTemplateMethods, TokenizerLike):
 
         self._vocab = Vocabulary(tokenizer)
         self._special = SpecialTokens(manifest, tokenizer, self._vocab)
+        self._special_texts = SpecialTexts(self._special, self._vocab)
 
         if self._vocab.kind == KIND_SPM:
             # vLLM's logprob token strings restore the leading spaces that
@@ -288,6 +290,12 @@ class KerasVllmTokenizer(ChatTemplateMethods, TokenizerLike):
     ):
         """Text to ids, as `CausalLM.generate()` tokenizes a prompt.
 
+        With `add_special_tokens=False` (vLLM's choice for a rendered chat,
+        whose template writes its own special tokens, as with HF) the
+        special tokens written as text (`<bos>`) become their ids for every
+        tokenizer kind, as the model's preprocessor puts them; a plain
+        prompt (`add_special_tokens=True`) is tokenized exactly as
+        `generate()` tokenizes it, with the start token prepended.
         With `truncation` and `max_length`, the ids (start token included)
         are cut to `max_length` from `truncation_side`, keeping the start
         token, as HF tokenizers do.
@@ -297,7 +305,10 @@ class KerasVllmTokenizer(ChatTemplateMethods, TokenizerLike):
                 f"{type(self).__name__}.encode() takes one string, got "
                 f"{type(text).__name__}."
             )
-        ids = self._vocab.native_ids(text)
+        if add_special_tokens:
+            ids = self._vocab.native_ids(text)
+        else:
+            ids = self._special_texts.encode(text)
         add_bos = add_special_tokens and self._special.add_bos
         prefix = [self._special.bos_id] if add_bos else []
         if truncation and max_length is not None:

@@ -1,4 +1,7 @@
-"""An artifact's special tokens, as `CausalLM.generate()` uses them."""
+"""An artifact's special tokens, as `CausalLM.generate()` uses them, and
+their texts in a rendered chat."""
+
+import re
 
 
 def _optional_int(value):
@@ -53,3 +56,58 @@ class SpecialTokens:
         special.update(i for i in (self.bos_id, end) if i is not None)
         self.ids = frozenset(i for i in special if vocabulary.contains(i))
         self.sorted_ids = sorted(self.ids)
+
+
+class SpecialTexts:
+    """Turns special tokens written as text (a chat template's
+    `{{ bos_token }}` renders as `<bos>`) into their ids.
+
+    Only the special tokens the native tokenizer does not already encode as
+    themselves are matched: a byte-level BPE tokenizer's unsplittable
+    tokens and SentencePiece's user-defined symbols already are, while
+    SentencePiece's control symbols (`<bos>`, `<eos>`, `<pad>`) would be
+    split into characters. Every other stretch of text is encoded natively.
+
+    Example:
+
+    ```python
+    texts = SpecialTexts(special, vocabulary)
+    texts.encode("<bos>hi")  # [start id] + the native ids of "hi"
+    ```
+
+    Args:
+        special: the artifact's `SpecialTokens`.
+        vocabulary: its `Vocabulary`.
+    """
+
+    def __init__(self, special, vocabulary):
+        self._vocabulary = vocabulary
+        self.ids = {}
+        for token_id in special.sorted_ids:
+            piece = vocabulary.token(token_id)
+            if piece and vocabulary.native_ids(piece) != [token_id]:
+                self.ids[piece] = token_id
+        # Longest first: a piece that is a prefix of another never wins.
+        self._pattern = (
+            re.compile(
+                "|".join(
+                    re.escape(p) for p in sorted(self.ids, key=len, reverse=True)
+                )
+            )
+            if self.ids
+            else None
+        )
+
+    def encode(self, text):
+        """`text`'s ids, each special token's text as its id."""
+        if self._pattern is None:
+            return self._vocabulary.native_ids(text)
+        ids, start = [], 0
+        for match in self._pattern.finditer(text):
+            if match.start() > start:
+                ids += self._vocabulary.native_ids(text[start:match.start()])
+            ids.append(self.ids[match.group()])
+            start = match.end()
+        if start < len(text):
+            ids += self._vocabulary.native_ids(text[start:])
+        return ids

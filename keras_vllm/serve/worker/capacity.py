@@ -43,7 +43,7 @@ def padded_head_dim(head_dim):
 
 def per_device(backbone, config, dtype, sizes=TP_SIZES):
     """Rows `(tp, weight_bytes, kv_bytes_per_token)` per device, with
-    `None` bytes for sizes the attention heads cannot split over.
+    `None` bytes for sizes serving refuses (`tensor_parallel.refusal`).
 
     Args:
         backbone: a built (or abstract) backbone.
@@ -59,7 +59,7 @@ def per_device(backbone, config, dtype, sizes=TP_SIZES):
     variables = [v for _, v in sharding.owned_variables(backbone)]
     rows = []
     for size in sizes:
-        if not tensor_parallel.shardable(heads, kv_heads, size):
+        if tensor_parallel.refusal(config, size) is not None:
             rows.append((size, None, None))
             continue
         axes = sharding.variable_axes(

@@ -83,6 +83,27 @@ class KerasVllmForCausalLM(nnx.Module):
             self.dtype_name,
         )
 
+    def describe(self):
+        """A short text of what is served: vLLM's `LLM.__repr__` shows it
+        (`keras_vllm.serve.worker.model_inspection`)."""
+        backbone = getattr(self, "backbone", None)
+        if backbone is None:
+            return f"KerasVllmForCausalLM(artifact={self.artifact_path!r})"
+        config = backbone.get_config()
+        shape = ", ".join(
+            f"{key}={config[key]}"
+            for key in ("num_layers", "hidden_dim", "vocabulary_size")
+            if key in config
+        )
+        count = self.manifest.get("parameter_count")
+        return (
+            f"KerasVllmForCausalLM(\n"
+            f"  artifact={self.artifact_path!r},\n"
+            f"  backbone={type(backbone).__name__}({shape}),\n"
+            f"  parameters={count}, dtype={self.dtype_name}, "
+            f"paged_attention_layers={self.attention_layers}\n)"
+        )
+
     def __call__(
         self,
         kv_caches,
