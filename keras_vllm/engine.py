@@ -107,9 +107,8 @@ class KerasVllmEngine:
             opened = open_verified(
                 path, verbose="auto", validate=False, public_key=public_key
             )
-            # The engine process opens the same files: hand it the hashes
-            # checked here so an engine start hashes the weights once.
-            opened.handoff()
+            # The engine process verifies the files again before it reads
+            # them: nothing checked here is trusted there (format/opened.py).
             manifest = opened.manifest
             with progress.phase("checking the artifact"):
                 opened.validate()
