@@ -144,6 +144,8 @@ class KerasVllmEngine:
                 with engine_process.skips_main(), \
                         engine_process.forks_frozen():
                     llm = vllm.LLM(**kwargs)
+                if served is not None:
+                    engine_adapters.preload(llm, served)
         return cls(llm, path, manifest, preset=preset, public_key=public_key,
                    adapters=served)
 

@@ -318,7 +318,7 @@ def stored_arrays(directory):
         ) from None
 
 
-def _check_stored_arrays(directory, specs):
+def check_stored_arrays(directory, specs):
     """Each recorded shape and dtype is the one orbax stored: a differing
     record is refused, never cast or reshaped into place."""
     stored = stored_arrays(directory)
@@ -363,7 +363,7 @@ def restore_weights(directory, specs, as_numpy=True):
     import jax
     import orbax.checkpoint as ocp
 
-    _check_stored_arrays(directory, specs)
+    check_stored_arrays(directory, specs)
     sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     target = {
         path: jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
