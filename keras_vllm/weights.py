@@ -318,10 +318,15 @@ def stored_arrays(directory):
         ) from None
 
 
-def check_stored_arrays(directory, specs):
+def check_stored_arrays(directory, specs, without_jax=False):
     """Each recorded shape and dtype is the one orbax stored: a differing
     record is refused, never cast or reshaped into place."""
-    stored = stored_arrays(directory)
+    if without_jax:
+        from keras_vllm.weight_headers import stored_arrays_without_jax
+
+        stored = stored_arrays_without_jax(directory)
+    else:
+        stored = stored_arrays(directory)
     for path, (shape, dtype) in sorted(specs.items()):
         if path not in stored:
             raise ArtifactError(f"Weights checkpoint lacks variable '{path}'.")

@@ -151,3 +151,31 @@ def test_quantized_metadata_and_scales_are_checked_at_load(
 def test_the_good_exports_still_load(adapters, int8_artifact, full_artifact):
     for path in (adapters["paths"]["support"], int8_artifact, full_artifact):
         assert keras_vllm.load_causal_lm(path) is not None
+
+
+_CHECK_WITHOUT_JAX = """
+import sys
+from keras_vllm import format as fmt
+from keras_vllm.load import adapter_checks
+path, base = sys.argv[1:3]
+adapter_checks.check_adapter(
+    path, adapter_checks.open_adapter(path), base,
+    fmt.open_artifact(base, verify=False).manifest, 8,
+)
+from jax._src import xla_bridge
+print("BACKEND", xla_bridge.backends_are_initialized())
+"""
+
+
+def test_the_complete_adapter_check_starts_no_jax_backend(adapters):
+    """It runs in vLLM's API server and an engine's parent, which must
+    leave the accelerator to the engine process."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _CHECK_WITHOUT_JAX,
+         adapters["paths"]["legal"], adapters["base"]],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert "BACKEND False" in done.stdout, done.stderr[-3000:]

@@ -7,9 +7,9 @@ engine's LoRA manager again in vLLM's worker before it reads an adapter's
 factors (an adapter can also arrive later, by path, in a vLLM
 `LoRARequest`). They are complete: besides the manifests, the shapes and
 dtypes orbax stored for the factors and biases are compared with the
-manifest and the base (from orbax's metadata, no array read), so nothing
-about an accepted adapter can fail later inside a scheduled step. None of
-them starts a JAX device.
+manifest and the base (from the checkpoint's array headers, read with
+tensorstore: no array is read), so nothing about an accepted adapter can
+fail later inside a scheduled step. None of them starts JAX's backend.
 """
 
 import types
@@ -179,7 +179,7 @@ def check_stored(path, manifest, base_manifest, base_path):
     )
     try:
         weight_io.check_stored_arrays(
-            fmt.safe_join(path, fmt.WEIGHTS_DIR), specs
+            fmt.safe_join(path, fmt.WEIGHTS_DIR), specs, without_jax=True
         )
     except ArtifactError as e:
         raise ArtifactError(f"The adapter '{path}' is damaged: {e}") from None
