@@ -242,16 +242,6 @@ UNAPPLIED_SAMPLING = Variable(
     "serve/frontend/sampling.py",
     _choice("refuse", "ignore"),
 )
-VERIFIED_ARTIFACT = Variable(
-    "KERAS_VLLM_VERIFIED_ARTIFACT",
-    "set by keras-vllm only (a digest of a verified artifact's file stats)",
-    None,
-    "Internal handoff: the engine parent hashed the artifact's files, so "
-    "the engine process it starts skips hashing them again while every "
-    "file keeps the size, mtime and inode it had then.",
-    "format/opened.py; set by serve/engine/engine.py",
-)
-
 # Other tools' variables that keras-vllm reads or sets a default for.
 JAX_PLATFORMS = Variable(
     "JAX_PLATFORMS",

@@ -10,4 +10,5 @@
 Nothing in keras-vllm imports this package.
 """
 
+from keras_vllm.cli.commands import EXIT_REFUSED  # noqa: F401
 from keras_vllm.cli.commands import main  # noqa: F401

@@ -35,12 +35,19 @@ def serve_arguments(args):
     from keras_vllm.serve.worker.extension import WORKER_EXTENSION
     from keras_vllm.serve.frontend.reload import MIDDLEWARE
 
+    from keras_vllm.serve.frontend import adapters
+
+    # Adapter loads are checked before vLLM's route (a 400, not a 500).
+    added = (["--middleware", adapters.MIDDLEWARE]
+             if "--enable-lora" in args.vllm_args else [])
     if ENABLE_RELOAD in args.vllm_args:
         args.vllm_args[:] = [a for a in args.vllm_args if a != ENABLE_RELOAD]
         args.enable_reload = True
     if not args.enable_reload:
-        return []
-    return ["--middleware", MIDDLEWARE, "--worker-extension-cls", WORKER_EXTENSION]
+        return added
+    return added + [
+        "--middleware", MIDDLEWARE, "--worker-extension-cls", WORKER_EXTENSION
+    ]
 
 
 def add_reload_command(sub, parents):

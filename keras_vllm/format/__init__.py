@@ -17,7 +17,7 @@ than a bound it checked first.
   (format 1.5).
 - `checksums`: the files are exactly those listed, bit for bit.
 - `consistency`: the files agree with each other and with the manifest.
-- `opened`: `open_artifact()`, an `Artifact` parsed once per process.
+- `opened`: `open_artifact()`, an `Artifact` verified afresh per open.
 
 Example:
 

@@ -3,6 +3,7 @@
 import contextlib
 import os
 
+from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.format.files import list_files
 from keras_vllm.format.files import safe_join
@@ -14,8 +15,21 @@ from keras_vllm.format.names import SIGNATURE_FILE
 
 def manifest_hash(directory):
     """The SHA-256 of an artifact's `manifest.json`: the artifact's
-    identity (the manifest records every other file's digest)."""
-    return sha256_file(safe_join(directory, MANIFEST_FILE))
+    identity (the manifest records every other file's digest).
+
+    Raises:
+        ArtifactError: the directory has no readable manifest.
+    """
+    path = safe_join(directory, MANIFEST_FILE)
+    try:
+        return sha256_file(path)
+    except OSError as e:
+        raise ArtifactError(
+            f"'{directory}' has no readable {MANIFEST_FILE} "
+            f"({e.strerror or e}): it is not a keras-vllm artifact, or its "
+            "export did not finish. Pass the directory written by "
+            "`export_vllm()`."
+        ) from None
 
 
 def files_to_hash(manifest, only=None):

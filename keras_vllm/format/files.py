@@ -13,6 +13,7 @@ import threading
 from concurrent import futures
 
 from keras_vllm.errors import ArtifactError
+from keras_vllm.errors import IntegrityError
 from keras_vllm.format.names import MANIFEST_FILE
 from keras_vllm.format.names import MAX_FILES
 from keras_vllm.format.names import MAX_JSON_FILE_BYTES
@@ -215,10 +216,21 @@ def regular_file_size(path, what):
     return st.st_size
 
 
-def read_json(path, limit=MAX_JSON_FILE_BYTES, what=None, follow=False):
-    """Reads a bounded JSON file, raising `ArtifactError` on any problem."""
+def read_json(path, limit=MAX_JSON_FILE_BYTES, what=None, follow=False,
+              sha256=None):
+    """Reads a bounded JSON file, raising `ArtifactError` on any problem.
+
+    With `sha256`, the bytes read (and then parsed) must have that digest
+    (`IntegrityError` otherwise): what is parsed is what was verified.
+    """
     what = what or os.path.basename(path)
     data = read_bytes(path, limit, what, follow=follow)
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise IntegrityError(
+            f"Artifact file '{what}' does not match its recorded SHA-256 "
+            "checksum as read now (it changed after it was verified, or is "
+            "corrupt). Copy the artifact again or re-export."
+        )
     try:
         return json.loads(
             data.decode("utf-8"),

@@ -16,6 +16,8 @@ import os
 import re
 
 from keras_vllm.errors import ArtifactError
+from keras_vllm.errors import IntegrityError
+from keras_vllm.errors import SignatureError
 from keras_vllm.errors import VersionSkewError
 from keras_vllm.format.files import read_json
 from keras_vllm.format import adapter
@@ -281,6 +283,12 @@ def validate_manifest(manifest):
         )
         index = _field(spec, "index", int, where)
         _expect(0 <= index < MAX_FILES, f"{where}.index out of range.")
+    # The stored checkpoint's size, which readers report progress against.
+    _expect(
+        not variables or "bytes" in weights,
+        "'weights.bytes' is missing; an export that stores variables "
+        "records their size there. Re-export the model.",
+    )
     _expect(
         mode != "preset" or not variables,
         "'weights.mode' is 'preset' but variables are listed.",
@@ -291,11 +299,17 @@ def validate_manifest(manifest):
     return manifest
 
 
-def read_manifest(directory):
+def read_manifest(directory, sha256=None):
     """Reads and validates `manifest.json` of an artifact directory.
+
+    Args:
+        directory: the artifact directory.
+        sha256: the digest the manifest's bytes must have (the one a
+            verified signature vouches for), checked on the bytes parsed.
 
     Raises:
         ArtifactError: if the directory or manifest is missing or invalid.
+        SignatureError: the manifest is not the one `sha256` names.
     """
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
@@ -315,5 +329,13 @@ def read_manifest(directory):
             "artifact, or its export did not finish. Export again with "
             "`model.export_vllm(path)`."
         )
-    manifest = read_json(path, MAX_MANIFEST_BYTES, MANIFEST_FILE)
+    try:
+        manifest = read_json(path, MAX_MANIFEST_BYTES, MANIFEST_FILE,
+                             sha256=sha256)
+    except IntegrityError:
+        raise SignatureError(
+            f"'{path}' changed after its signature was verified: its bytes "
+            "as read now are not the signed ones. Do not edit the artifact "
+            "while it is read; copy it again from where it was signed."
+        ) from None
     return validate_manifest(manifest)

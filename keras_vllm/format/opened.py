@@ -1,25 +1,23 @@
-"""An opened artifact: each file parsed once per process.
+"""An opened artifact: one reading of an artifact directory.
 
-An engine start reads the same artifact in several places of one process
-(the engine's checks, serving defaults, the tokenizer, the loader).
-`open_artifact` returns one `Artifact` per directory and process, which
-remembers what it has already verified, validated and parsed. It is
-reused only while every listed file still has the size, modification time
-and inode it had when it was verified: a file changed afterwards is
-verified again, never trusted from memory.
+An engine start reads the same artifact in several places; each
+`open_artifact` call returns a new `Artifact`, and nothing verified is
+carried from one to the next. A verification result is only ever reused
+where the bytes are proven unchanged:
 
-The same rule carries across one process boundary: after hashing every
-file, the engine parent hands its stat digest to the engine process it
-starts (`handoff()`, in `KERAS_VLLM_VERIFIED_ARTIFACT`), which then skips
-hashing the weights a second time while the digest still matches.
+* JSON files read through `Artifact.read_json` are hashed as they are read
+  (once, into memory) and must match the digest the manifest records, so
+  what is parsed is what was verified, whenever it was verified;
+* under a signature policy the manifest's own bytes must match the digest
+  the signature vouches for (`open_artifact(..., manifest_sha256=...)`);
+* the other files (the weights) are hashed by `verify()` once per
+  `Artifact`. The window: bytes rewritten between that hash and the
+  reader's own read of them (the weights restore, moments later in the same
+  load) are not seen. The next open, in this process or in an engine
+  process it starts, hashes them again; no size, mtime or inode is trusted.
 """
 
-import hashlib
-import json
 import os
-import threading
-
-from keras_vllm import envs
 
 from keras_vllm.format import checksums
 from keras_vllm.format import consistency
@@ -27,38 +25,6 @@ from keras_vllm.format.checks import fail
 from keras_vllm.format.files import read_json
 from keras_vllm.format.files import safe_join
 from keras_vllm.format.manifest import read_manifest
-from keras_vllm.format.names import MANIFEST_FILE
-
-_OPENED = {}
-_LOCK = threading.Lock()
-_MAX_OPENED = 32
-
-
-def _stat_key(path, manifest):
-    """Size, mtime and inode of the manifest and of every listed file."""
-    key = []
-    for rel in (MANIFEST_FILE, *sorted(manifest["files"])):
-        try:
-            st = os.lstat(os.path.join(path, rel))
-        except OSError:
-            return None
-        key.append((rel, st.st_size, st.st_mtime_ns, st.st_ino))
-    return tuple(key)
-
-
-def _stat_digest(path, stat_key):
-    text = json.dumps([path, stat_key], separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _handed_off(path, stat_key):
-    """Whether the parent process verified this exact state of the files."""
-    value = envs.VERIFIED_ARTIFACT.raw()
-    return (
-        value is not None
-        and stat_key is not None
-        and value == _stat_digest(path, stat_key)
-    )
 
 
 class Artifact:
@@ -77,21 +43,6 @@ class Artifact:
         self._verified = set()  # prefixes hashed; None means every file
         self._validated = False
         self._json = {}
-        self._stat_key = _stat_key(path, manifest)
-        if _handed_off(path, self._stat_key):
-            self._verified.add(None)
-
-    def handoff(self):
-        """Lets processes started from now on skip re-hashing this artifact.
-
-        Call only after `verify()` of every file. Sets
-        `KERAS_VLLM_VERIFIED_ARTIFACT` to a digest of the files' sizes,
-        mtimes and inodes; a process that opens the artifact with the same
-        stats trusts the hashes, any change re-hashes.
-        """
-        if None in self._verified and self._stat_key is not None:
-            envs.VERIFIED_ARTIFACT.set(_stat_digest(self.path, self._stat_key))
-        return self
 
     def _verified_for(self, only):
         if None in self._verified:
@@ -116,13 +67,17 @@ class Artifact:
         return self
 
     def read_json(self, rel):
-        """A listed JSON file of the artifact, parsed once (bounded)."""
+        """A listed JSON file of the artifact, parsed once (bounded); its
+        bytes as read must match the manifest's digest."""
         if rel not in self._json:
             if rel not in self.manifest["files"]:
                 fail(
                     f"The artifact has no '{rel}'; re-export the model."
                 )
-            self._json[rel] = read_json(safe_join(self.path, rel), what=rel)
+            self._json[rel] = read_json(
+                safe_join(self.path, rel), what=rel,
+                sha256=self.manifest["files"][rel]["sha256"],
+            )
         return self._json[rel]
 
     def validate(self):
@@ -139,7 +94,8 @@ class Artifact:
         return safe_join(self.path, rel)
 
 
-def open_artifact(directory, verify=True, only=None, report=None):
+def open_artifact(directory, verify=True, only=None, report=None,
+                  manifest_sha256=None):
     """Opens an artifact: reads its manifest and verifies its checksums.
 
     Args:
@@ -149,10 +105,11 @@ def open_artifact(directory, verify=True, only=None, report=None):
             `checksums.verify_files`), for readers of part of an artifact;
             None hashes every file.
         report: a progress hook for the hashing.
+        manifest_sha256: the digest the manifest's bytes must have (the
+            one a verified signature vouches for).
 
     Returns:
-        An `Artifact`; the same one for the same unchanged directory within
-        this process.
+        A new `Artifact` (nothing verified is reused from an earlier open).
 
     Example:
 
@@ -163,20 +120,7 @@ def open_artifact(directory, verify=True, only=None, report=None):
     ```
     """
     path = os.path.abspath(os.fspath(directory))
-    manifest = read_manifest(path)
-    with _LOCK:
-        opened = _OPENED.get(path)
-    if (
-        opened is None
-        or opened.manifest != manifest
-        or opened._stat_key is None
-        or opened._stat_key != _stat_key(path, manifest)
-    ):
-        opened = Artifact(path, manifest)
-        with _LOCK:
-            if len(_OPENED) >= _MAX_OPENED:
-                _OPENED.pop(next(iter(_OPENED)))
-            _OPENED[path] = opened
+    opened = Artifact(path, read_manifest(path, sha256=manifest_sha256))
     if verify:
         opened.verify(only, report)
     return opened

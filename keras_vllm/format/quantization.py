@@ -41,6 +41,10 @@ _POLICY = re.compile(
     r"_from_(?P<source>[a-z0-9]+)"
 )
 _LAYER = re.compile(VARIABLE_PATH_PATTERN)
+# The weight bits Keras 3.15's GPTQ and AWQ policies accept, and the largest
+# block (group) size a reader takes (Keras accepts any positive one).
+_BITS = {"gptq": (2, 3, 4, 8), "awq": (4,)}
+_MAX_BLOCK = 1 << 16
 
 
 def _fail(message):
@@ -68,7 +72,32 @@ def parse_policy_name(name):
             "a Keras quantized policy name (e.g. 'int8_from_float32', "
             "'int4/128_from_float32', 'gptq/4/128_from_float32')."
         )
-    return found["mode"].split("/")[0], found["source"]
+    parts = found["mode"].split("/")
+    _check_parameters(name, parts[0], [int(p) for p in parts[1:]])
+    return parts[0], found["source"]
+
+
+def _check_parameters(name, mode, numbers):
+    """The parameters Keras' policies accept (checked here, so that Keras
+    never sees a value it would answer with a bare `ValueError`)."""
+    if mode in ("gptq", "awq"):
+        bits, size = numbers
+        allowed = _BITS[mode]
+        if bits not in allowed:
+            _fail(
+                f"'quantization.layers' holds the policy '{name}': {mode} "
+                f"quantizes to {allowed} bits, not {bits}. Re-export the "
+                "model."
+            )
+    else:
+        size = numbers[0] if numbers else -1
+    if size != -1 and not 0 < size <= _MAX_BLOCK:
+        what = "block size" if mode == "int4" else "group size"
+        _fail(
+            f"'quantization.layers' holds the policy '{name}': its {what} "
+            f"{size} is neither -1 (per channel) nor a positive size up to "
+            f"{_MAX_BLOCK}. Re-export the model."
+        )
 
 
 def quantized_layers(manifest):

@@ -318,10 +318,15 @@ def stored_arrays(directory):
         ) from None
 
 
-def _check_stored_arrays(directory, specs):
+def check_stored_arrays(directory, specs, without_jax=False):
     """Each recorded shape and dtype is the one orbax stored: a differing
     record is refused, never cast or reshaped into place."""
-    stored = stored_arrays(directory)
+    if without_jax:
+        from keras_vllm.hub.weight_headers import stored_arrays_without_jax
+
+        stored = stored_arrays_without_jax(directory)
+    else:
+        stored = stored_arrays(directory)
     for path, (shape, dtype) in sorted(specs.items()):
         if path not in stored:
             raise ArtifactError(f"Weights checkpoint lacks variable '{path}'.")
@@ -363,7 +368,7 @@ def restore_weights(directory, specs, as_numpy=True):
     import jax
     import orbax.checkpoint as ocp
 
-    _check_stored_arrays(directory, specs)
+    check_stored_arrays(directory, specs)
     sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     target = {
         path: jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)

@@ -1,10 +1,15 @@
 """Whether an adapter artifact can be served per request over a base engine.
 
 `KerasVllmEngine.from_export(base, adapters=...)` runs these checks in the
-caller's process before vLLM starts, and the engine's LoRA manager runs
-them again in vLLM's worker before it reads an adapter's factors (an
-adapter can also arrive later, by path, in a vLLM `LoRARequest`). None of
-them starts JAX.
+caller's process before vLLM starts, `keras-vllm serve`'s adapter route
+(`serve/frontend/adapters.py`) before vLLM's `/v1/load_lora_adapter`, and the
+engine's LoRA manager again in vLLM's worker before it reads an adapter's
+factors (an adapter can also arrive later, by path, in a vLLM
+`LoRARequest`). They are complete: besides the manifests, the shapes and
+dtypes orbax stored for the factors and biases are compared with the
+manifest and the base (from the checkpoint's array headers, read with
+tensorstore: no array is read), so nothing about an accepted adapter can
+fail later inside a scheduled step. None of them starts JAX's backend.
 """
 
 import types
@@ -137,6 +142,7 @@ def check_adapter(path, manifest, base_path, base_manifest, max_rank,
             f"'{others[0]}' in 'weights.variables'), which cannot be applied "
             "per request. Serve it alone: `KerasVllmEngine.from_export(path)`."
         )
+    check_stored(path, manifest, base_manifest, base_path)
     names = target_names(base_manifest) if names is None else names
     for layer, target in sorted(manifest["adapter"]["targets"].items()):
         if layer.rsplit("/", 1)[-1] not in names:
@@ -153,4 +159,43 @@ def check_adapter(path, manifest, base_path, base_manifest, max_rank,
                 f"('adapter.targets[...].rank'), above the engine's "
                 f"max_lora_rank={max_rank}. Start the engine with "
                 f"max_lora_rank >= {target['rank']}."
+            )
+
+
+def check_stored(path, manifest, base_manifest, base_path):
+    """The stored factors and biases are what the manifest records, and the
+    biases have the base's shapes.
+
+    Raises:
+        ArtifactError: naming the variable, the recorded and the stored
+            dtype and shape.
+    """
+    from keras_vllm.hub import weights as weight_io
+
+    variables = manifest["weights"]["variables"]
+    specs = dict(fmt.adapter.factor_specs(manifest))
+    specs.update(
+        {p: (tuple(s["shape"]), s["dtype"]) for p, s in variables.items()}
+    )
+    try:
+        weight_io.check_stored_arrays(
+            fmt.safe_join(path, fmt.WEIGHTS_DIR), specs, without_jax=True
+        )
+    except ArtifactError as e:
+        raise ArtifactError(f"The adapter '{path}' is damaged: {e}") from None
+    if base_manifest["weights"]["mode"] != "full":
+        return
+    by_index = {
+        spec["index"]: (name, spec["shape"])
+        for name, spec in base_manifest["weights"]["variables"].items()
+    }
+    for name, spec in sorted(variables.items()):
+        found = by_index.get(spec["index"])
+        if found is None or found[1] != spec["shape"]:
+            have = "nothing" if found is None else f"{found[1]}"
+            raise ArtifactError(
+                f"The adapter '{path}' changes '{name}' {spec['shape']} "
+                f"('weights.variables'), but the base '{base_path}' has "
+                f"{have} at its position. The adapter does not fit this "
+                "base; serve it over its own."
             )

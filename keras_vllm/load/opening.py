@@ -5,7 +5,7 @@ import contextlib
 from keras_vllm import format as fmt
 from keras_vllm import progress
 from keras_vllm.signing.policy import public_key_for
-from keras_vllm.signing.policy import require_signature
+from keras_vllm.signing.policy import signed_digests
 
 
 @contextlib.contextmanager
@@ -35,12 +35,16 @@ def open_verified(path, verify=True, only=None, verbose=False, validate=True,
             needed).
 
     Returns:
-        A `keras_vllm.format.Artifact` (one per directory and process).
+        A new `keras_vllm.format.Artifact` (verified afresh).
     """
+    signed = {}
     if public_key_for(public_key)[0] is not None:
         with progress.phase("verifying the signature", verbose=verbose):
-            require_signature(path, public_key)
-    opened = fmt.open_artifact(path, verify=False)
+            signed = signed_digests(path, public_key)
+    # The manifest parsed must be the one the signature vouched for.
+    opened = fmt.open_artifact(
+        path, verify=False, manifest_sha256=signed.get(fmt.MANIFEST_FILE)
+    )
     if verify:
         opened.verify(only, report=lambda total: _hashing(total, verbose))
     if validate:

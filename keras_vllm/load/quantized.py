@@ -34,8 +34,21 @@ def policy_map(manifest, dtype):
     return policies
 
 
+def _quantizable(layer):
+    """Whether Keras quantizes layers of this class (its dense and
+    embedding layers; any other takes a quantized policy and fails at its
+    first call)."""
+    import keras
+
+    return isinstance(
+        layer,
+        (keras.layers.Dense, keras.layers.EinsumDense, keras.layers.Embedding),
+    )
+
+
 def check_rebuilt(backbone, manifest):
-    """The rebuilt backbone quantizes exactly the recorded layers."""
+    """The rebuilt backbone quantizes exactly the recorded layers, each one
+    of a class Keras can quantize."""
     layers = fmt.quantization.quantized_layers(manifest)
     built = weight_io.quantized_layers(backbone)
     for path in layers:
@@ -45,6 +58,13 @@ def check_rebuilt(backbone, manifest):
                 "the rebuilt backbone has no quantizable layer at. The "
                 "manifest was altered or written for another model; "
                 "re-export it."
+            )
+        if not _quantizable(built[path]):
+            raise ArtifactError(
+                f"The artifact's 'quantization.layers' names '{path}', a "
+                f"{type(built[path]).__name__}, which Keras does not quantize "
+                "(only its Dense, EinsumDense and Embedding layers). The "
+                "manifest was altered; re-export the model."
             )
     extra = sorted(set(built) - set(layers))
     if extra:
@@ -116,3 +136,41 @@ def fill_from_preset(backbone, manifest, preset_backbone, stored):
                 f"'{variable.path}' of the quantized backbone."
             )
         variable.assign(found.value)
+
+
+def check_values(manifest, values):
+    """Refuses scale tensors a quantized layer could not compute with.
+
+    Keras writes every scale finite and non-zero (its quantizers add an
+    epsilon), and every other float value of a quantized layer finite; a
+    zero or non-finite one would give non-finite logits at the first call.
+
+    Args:
+        manifest: the validated manifest.
+        values: `[(variable, value)]` about to be assigned.
+
+    Raises:
+        ArtifactError: naming the variable.
+    """
+    import numpy as np
+
+    layers = fmt.quantization.quantized_layers(manifest)
+    if not layers:
+        return
+    for variable, value in values:
+        owner, name = variable.path.rsplit("/", 1)
+        # Integer storage (int8, packed int4, uint8) holds no scale.
+        if owner not in layers or np.dtype(value.dtype).kind in "iub":
+            continue
+        array = np.asarray(value, np.float32)
+        problem = None
+        if not np.isfinite(array).all():
+            problem = "non-finite values (NaN or infinity)"
+        elif "scale" in name and (array == 0).any():
+            problem = "zeros (a scale divides or multiplies every value)"
+        if problem is not None:
+            raise ArtifactError(
+                f"The stored '{variable.path}' of the quantized layer "
+                f"'{owner}' holds {problem}; Keras never writes such a "
+                "value. The weights were altered; re-export the model."
+            )

@@ -167,6 +167,7 @@ def stored_values(backbone, path, manifest, dtype=None):
                 directory, specs, as_numpy=False
             )
             values = cast_values(variables, restored)
+            quantized.check_values(manifest, values)
             phase.advance(sum(v.nbytes for _, v in values))
             return values
     return []

@@ -7,7 +7,10 @@ before it reads anything else of an artifact. The key is the caller's
 artifacts are read as before (and model-signing is not even imported).
 """
 
+import os
+
 from keras_vllm import envs
+from keras_vllm import format as fmt
 
 
 def public_key_for(public_key=None):
@@ -30,12 +33,21 @@ def require_signature(directory, public_key=None):
         The verified signature's path, or None when no policy is set.
 
     Raises:
-        SignatureError: the artifact is unsigned, signed by another key, or
-            changed after signing.
+        SignatureError: the artifact is unsigned, signed by another key,
+            changed after signing, or its signature leaves files out.
     """
+    signed = signed_digests(directory, public_key)
+    if signed is None:
+        return None
+    return os.path.join(os.path.abspath(directory), fmt.SIGNATURE_FILE)
+
+
+def signed_digests(directory, public_key=None):
+    """`require_signature`, returning `{file: sha256}` the signature vouches
+    for (None without a policy), for a reader to check the bytes it reads."""
     key, source = public_key_for(public_key)
     if key is None:
         return None
-    from keras_vllm.signing.verify import verify_signature
+    from keras_vllm.signing.verify import verify_signed
 
-    return verify_signature(directory, key, required_by=source)
+    return verify_signed(directory, key, required_by=source)[1]

@@ -1,30 +1,24 @@
-"""Verifying an artifact's signature before anything else of it is read."""
+"""Verifying an artifact's signature before anything else of it is read.
 
+Nothing is cached: every verification hashes the files again, so bytes
+rewritten after a verification (even with their size, inode and mtime
+restored) are never trusted from an earlier result. A verification returns
+the signed digest of each file; a reader that then parses the manifest
+checks the bytes it parsed against that digest (`signed_digests`), so the
+manifest has no window between its verification and its use.
+"""
+
+import base64
 import hashlib
+import json
 import os
 import re
-import threading
+import tempfile
 
 from keras_vllm import format as fmt
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import SignatureError
 from keras_vllm.signing import keys
-
-# (directory, trust) -> the listing and stats the signature verified; a
-# process that reopens an unchanged artifact (and a forked child) does not
-# hash it again.
-_VERIFIED = {}
-_LOCK = threading.Lock()
-_MAX_VERIFIED = 32
-
-
-def _stamp(directory):
-    """Every file's name, size, mtime and inode (links refused)."""
-    stamp = []
-    for rel in fmt.list_files(directory):
-        st = os.lstat(os.path.join(directory, rel))
-        stamp.append((rel, st.st_size, st.st_mtime_ns, st.st_ino))
-    return tuple(stamp)
 
 
 def _trust(public_key, certificate_chain):
@@ -65,6 +59,9 @@ def verify_signature(directory, public_key=None, *, certificate_chain=None,
 
     Only the directory listing and the bytes of its files are read (hashed):
     no file is parsed, the manifest included, before the signature verifies.
+    The signature must cover every file but itself: one made with paths
+    left out (model-signing's ignore-paths) is refused. Nothing is cached:
+    each call hashes the files again.
 
     Args:
         directory: the artifact directory.
@@ -80,7 +77,8 @@ def verify_signature(directory, public_key=None, *, certificate_chain=None,
 
     Raises:
         SignatureError: the artifact is unsigned, was signed by another key,
-            or a file was changed, added or removed after signing.
+            a file was changed, added or removed after signing, or the
+            signature leaves files out.
 
     Example:
 
@@ -88,7 +86,17 @@ def verify_signature(directory, public_key=None, *, certificate_chain=None,
     keras_vllm.verify_signature("exports/tuned", "keys/release.pub.pem")
     ```
     """
-    cache_key, trusted, use = _trust(public_key, certificate_chain)
+    return verify_signed(
+        directory, public_key, certificate_chain=certificate_chain,
+        required_by=required_by,
+    )[0]
+
+
+def verify_signed(directory, public_key=None, *, certificate_chain=None,
+                  required_by=None):
+    """`verify_signature`, returning `(signature path, {file: sha256})`:
+    the digests the signature vouches for, to check what is read next."""
+    _, trusted, use = _trust(public_key, certificate_chain)
     path = os.path.abspath(os.fspath(directory))
     asked = f" ({required_by} requires it)" if required_by else ""
     if not os.path.isdir(path):
@@ -96,9 +104,9 @@ def verify_signature(directory, public_key=None, *, certificate_chain=None,
             f"'{path}' is not a directory. Pass the directory written by "
             "`export_vllm()`."
         )
-    stamp = _stamp(path)
     signature = os.path.join(path, fmt.SIGNATURE_FILE)
-    if fmt.SIGNATURE_FILE not in {entry[0] for entry in stamp}:
+    present = set(fmt.list_files(path))
+    if fmt.SIGNATURE_FILE not in present:
         raise SignatureError(
             f"'{path}' is not signed: it has no {fmt.SIGNATURE_FILE}, and a "
             f"signature by {trusted} is required{asked}. Sign it where it was "
@@ -111,26 +119,62 @@ def verify_signature(directory, public_key=None, *, certificate_chain=None,
             "bytes a signature may have; it is not one keras-vllm wrote. "
             "Re-sign the artifact."
         )
-    with _LOCK:
-        if _VERIFIED.get((path, cache_key)) == stamp:
-            return signature
+    with open(signature, "rb") as f:
+        bundle = f.read(fmt.MAX_SIGNATURE_BYTES + 1)
     from model_signing import verifying
 
     config = use(verifying.Config()).set_hashing_config(keys.hashing_config())
-    try:
-        config.verify(path, signature)
-    except Exception as e:  # whatever the bundle or the hashing raised
+    # model-signing reads the signature from a path: a private copy of the
+    # bytes read above, so the bundle it verifies is the one parsed below.
+    with tempfile.TemporaryDirectory(prefix="keras_vllm_sig_") as scratch:
+        copy = os.path.join(scratch, fmt.SIGNATURE_FILE)
+        with open(copy, "wb") as f:
+            f.write(bundle)
+        try:
+            config.verify(path, copy)
+        except Exception as e:  # whatever the bundle or the hashing raised
+            raise SignatureError(
+                f"The signature of '{path}' does not verify with "
+                f"{trusted}{asked}: {_explain(e)} Copy the artifact again "
+                "from where it was signed; if the change is intended, sign "
+                "it again (`keras-vllm sign`)."
+            ) from None
+    digests = _signed_resources(path, bundle)
+    # model-signing verifies with the ignore-paths recorded in the signature
+    # added to the verifier's: a file left out at signing is left out here.
+    uncovered = sorted(present - {fmt.SIGNATURE_FILE} - set(digests))
+    if uncovered:
+        names = ", ".join(f"'{rel}'" for rel in uncovered[:5])
+        more = f" (and {len(uncovered) - 5} more)" if len(uncovered) > 5 else ""
         raise SignatureError(
-            f"The signature of '{path}' does not verify with {trusted}{asked}: "
-            f"{_explain(e)} Copy the artifact again from where it was signed; "
-            "if the change is intended, sign it again (`keras-vllm sign`)."
+            f"The signature of '{path}' does not cover {names}{more}: it was "
+            "made with paths left out (model-signing's ignore-paths), so "
+            f"those files could be changed without it noticing{asked}. "
+            "keras-vllm requires a signature over every file of the "
+            f"artifact but {fmt.SIGNATURE_FILE}; sign it again with "
+            f"`keras-vllm sign {path} --key PRIVATE_KEY`."
+        )
+    return signature, digests
+
+
+def _signed_resources(path, bundle):
+    """`{relative path: sha256}` the verified bundle's statement lists."""
+    try:
+        envelope = json.loads(bundle)["dsseEnvelope"]
+        statement = json.loads(base64.b64decode(envelope["payload"]))
+        resources = statement["predicate"]["resources"]
+        digests = {}
+        for resource in resources:
+            if resource.get("algorithm", "sha256") != "sha256":
+                raise ValueError(f"algorithm {resource['algorithm']!r}")
+            digests[str(resource["name"])] = str(resource["digest"])
+        return digests
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SignatureError(
+            f"The signature of '{path}' verifies but its statement does not "
+            f"list the signed files as model-signing 1.x writes them ({e!r:.200}). "
+            "Sign the artifact with `keras-vllm sign`."
         ) from None
-    if _stamp(path) == stamp:  # unchanged while it was hashed
-        with _LOCK:
-            if len(_VERIFIED) >= _MAX_VERIFIED:
-                _VERIFIED.pop(next(iter(_VERIFIED)))
-            _VERIFIED[(path, cache_key)] = stamp
-    return signature
 
 
 def _explain(error):

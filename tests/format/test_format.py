@@ -1,4 +1,4 @@
-"""`keras_vllm.format`: one opened artifact per process, never stale."""
+"""`keras_vllm.format`: every open verifies afresh; nothing read is stale."""
 
 import json
 import os
@@ -25,11 +25,46 @@ def _copy(path, tmp_path):
     return str(copy)
 
 
-def test_open_twice_is_the_same_artifact(exported):
-    first = fmt.open_artifact(exported)
+def _rewrite_in_place(path, old, new):
+    """Same size, same inode, modification time restored: only the bytes
+    tell (what the size/mtime/inode caches trusted)."""
+    stat = os.stat(path)
+    with open(path, "r+b") as f:
+        data = f.read()
+        assert len(old) == len(new) and old in data
+        f.seek(0)
+        f.write(data.replace(old, new))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_ino, after.st_mtime_ns) == (
+        stat.st_size, stat.st_ino, stat.st_mtime_ns
+    )
+
+
+def test_each_open_verifies_again(exported, tmp_path):
+    path = _copy(exported, tmp_path)
+    first = fmt.open_artifact(path)
     first.validate()
-    assert fmt.open_artifact(exported) is first
     assert first.read_json(fmt.CONFIG_FILE) is first.read_json(fmt.CONFIG_FILE)
+    assert fmt.open_artifact(path) is not first
+    # Bytes rewritten after a verified open are caught by the next open.
+    _rewrite_in_place(
+        os.path.join(path, fmt.GOLDEN_FILE), b"max_new_tokens", b"max_new_tokenz"
+    )
+    with pytest.raises(keras_vllm.IntegrityError, match=fmt.GOLDEN_FILE):
+        fmt.open_artifact(path)
+
+
+def test_json_is_checked_as_it_is_read(exported, tmp_path):
+    """The window between hashing and reading is closed for JSON files:
+    what is parsed must hash to the manifest's digest."""
+    path = _copy(exported, tmp_path)
+    opened = fmt.open_artifact(path)
+    _rewrite_in_place(
+        os.path.join(path, fmt.GOLDEN_FILE), b"max_new_tokens", b"max_new_tokenz"
+    )
+    with pytest.raises(keras_vllm.IntegrityError, match=fmt.GOLDEN_FILE):
+        opened.read_json(fmt.GOLDEN_FILE)
 
 
 def test_a_file_changed_after_opening_is_verified_again(exported, tmp_path):
@@ -50,15 +85,9 @@ def test_a_file_changed_after_opening_is_verified_again(exported, tmp_path):
 def test_partial_verification_hashes_the_rest_when_asked(exported, tmp_path):
     path = _copy(exported, tmp_path)
     golden = os.path.join(path, fmt.GOLDEN_FILE)
-    text = open(golden).read()
-    opened = fmt.open_artifact(path, only=(fmt.TOKENIZER_DIR + "/",))
-    # Same size, other content, same inode; the modification time moves back
-    # so only the hash can tell.
-    stat = os.stat(golden)
-    with open(golden, "w") as f:
-        f.write(text.replace("max_new_tokens", "max_new_tokenz"))
-    os.utime(golden, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert fmt.open_artifact(path, only=(fmt.TOKENIZER_DIR + "/",)) is opened
+    fmt.open_artifact(path, only=(fmt.TOKENIZER_DIR + "/",))
+    _rewrite_in_place(golden, b"max_new_tokens", b"max_new_tokenz")
+    fmt.open_artifact(path, only=(fmt.TOKENIZER_DIR + "/",))
     with pytest.raises(keras_vllm.IntegrityError, match=fmt.GOLDEN_FILE):
         fmt.open_artifact(path)
 
@@ -148,22 +177,18 @@ def _hashes_in_new_process(path, env):
     return done.stdout.split()
 
 
-def test_a_verified_artifact_is_not_hashed_again_by_a_child(exported, tmp_path):
+def test_a_child_process_hashes_what_its_parent_verified(exported, tmp_path):
+    """No verification crosses a process boundary on file stats: an
+    engine process hashes the files again, so bytes rewritten in place
+    (size, inode and mtime kept) after the parent verified are refused."""
     path = _copy(exported, tmp_path)
     env = dict(os.environ)
-    env.pop("KERAS_VLLM_VERIFIED_ARTIFACT", None)
+    fmt.open_artifact(path).validate()
     hashed = int(_hashes_in_new_process(path, env)[-1])
-    assert hashed > 1
-    fmt.open_artifact(path).handoff()
-    env["KERAS_VLLM_VERIFIED_ARTIFACT"] = os.environ.pop(
-        "KERAS_VLLM_VERIFIED_ARTIFACT"
+    assert hashed == len(fmt.open_artifact(path).manifest["files"])
+    _rewrite_in_place(
+        os.path.join(path, fmt.GOLDEN_FILE), b"max_new_tokens", b"max_new_tokenz"
     )
-    assert _hashes_in_new_process(path, env) == ["0"]
-    # Any changed file (here: same size, new mtime) is hashed again.
-    golden = os.path.join(path, fmt.GOLDEN_FILE)
-    text = open(golden).read()
-    with open(golden, "w") as f:
-        f.write(text.replace("max_new_tokens", "max_new_tokenz"))
     assert _hashes_in_new_process(path, env)[0] == "IntegrityError"
 
 

@@ -156,6 +156,33 @@ def _resign_with_other_key(keys):
     return edit
 
 
+def _sign_leaving_out(keys, *left_out):
+    """Signs with plain model-signing and its ignore-paths (as
+    `model_signing sign key --ignore-paths ...` does)."""
+
+    def edit(d):
+        from model_signing import hashing
+        from model_signing import signing as ms_signing
+
+        config = hashing.Config().use_file_serialization(
+            hashing_algorithm="sha256", allow_symlinks=False
+        ).set_ignored_paths(
+            paths=[fmt.SIGNATURE_FILE, *left_out], ignore_git_paths=False
+        )
+        ms_signing.Config().use_elliptic_key_signer(
+            private_key=keys["ours"][0]
+        ).set_hashing_config(config).sign(
+            d, os.path.join(d, fmt.SIGNATURE_FILE)
+        )
+        if fmt.MANIFEST_FILE in left_out:
+            # The unsigned manifest, edited after signing: a different
+            # model under a key that "verified".
+            _edit_manifest_value(d)
+        return f"does not cover '{left_out[0]}'"
+
+    return edit
+
+
 def _unsign(d):
     os.remove(os.path.join(d, fmt.SIGNATURE_FILE))
     return "is not signed"
@@ -171,6 +198,13 @@ EDITS = {
     "added_file": _add_file,
     "other_key": None,  # needs the keys; see `artifacts`
     "unsigned": _unsign,
+    # Signatures that leave files out (model-signing's ignore-paths).
+    "left_out_golden": None,
+    "left_out_manifest": None,
+}
+LEFT_OUT = {
+    "left_out_golden": (fmt.GOLDEN_FILE,),
+    "left_out_manifest": (fmt.MANIFEST_FILE,),
 }
 
 
@@ -186,6 +220,8 @@ def artifacts(keys, tmp_path_factory):
     )
     cases = {}
     for name, edit in EDITS.items():
+        if name in LEFT_OUT:
+            edit = _sign_leaving_out(keys, *LEFT_OUT[name])
         edit = edit or _resign_with_other_key(keys)
         path = str(root / name)
         shutil.copytree(signed, path)
@@ -202,7 +238,7 @@ def no_policy(monkeypatch):
 def manifest_never_parsed(monkeypatch):
     """Fails the test if a refused artifact's manifest is read."""
 
-    def refuse(directory):
+    def refuse(directory, **_):
         raise AssertionError(f"the manifest of {directory} was read")
 
     monkeypatch.setattr(opened_module, "read_manifest", refuse)
@@ -262,6 +298,35 @@ def test_sign_an_existing_artifact_atomically(artifacts, keys, tmp_path):
     )
     mode = os.stat(os.path.join(path, fmt.SIGNATURE_FILE)).st_mode & 0o777
     assert mode == os.stat(os.path.join(path, fmt.MANIFEST_FILE)).st_mode & 0o777
+
+
+def test_bytes_rewritten_after_a_verified_load_are_refused_next_time(
+    artifacts, keys, tmp_path, no_policy
+):
+    """Nothing verified is trusted from file stats: the next load in the
+    same process hashes again (size, inode and mtime kept here)."""
+    path = str(shutil.copytree(artifacts["signed"], tmp_path / "a"))
+    public = keys["ours"][1]
+    keras_vllm.verify_signature(path, public)
+    assert keras_vllm.load_causal_lm(path, public_key=public) is not None
+    rel = _largest(path, fmt.WEIGHTS_DIR + "/")
+    full = os.path.join(path, rel)
+    before = os.stat(full)
+    _flip_byte(full)
+    os.utime(full, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(full)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        before.st_ino, before.st_size, before.st_mtime_ns
+    )
+    for read in (
+        lambda: keras_vllm.verify_signature(path, public),
+        lambda: keras_vllm.load_causal_lm(path, public_key=public),
+    ):
+        with pytest.raises(keras_vllm.SignatureError, match=rel):
+            read()
+    # Without a policy the checksums refuse it the same way.
+    with pytest.raises(keras_vllm.IntegrityError, match=rel):
+        keras_vllm.load_causal_lm(path)
 
 
 def test_sign_refuses_an_artifact_that_fails_its_checksums(artifacts, keys, tmp_path):

@@ -151,6 +151,18 @@ def lora_engine_kwargs(path, manifest, adapters, max_loras, max_lora_rank,
     return served, kwargs
 
 
+def preload(llm, served):
+    """Adds the adapters given at start to the worker (`add_lora`), so each
+    is read and checked there now, not inside the first step that uses it
+    (an error there would stop the engine)."""
+    for request in served.requests.values():
+        try:
+            llm.llm_engine.add_lora(request)
+        except Exception:
+            llm.llm_engine.engine_core.shutdown()
+            raise
+
+
 def add_adapter(engine, name, path):
     """Checks an adapter and adds it to a running engine (no recompile:
     the worker reads it into host memory; a step that uses it writes it

@@ -105,9 +105,8 @@ class KerasVllmEngine:
                 path, engine_kwargs, preset, public_key, deep=True,
                 verbose="auto",
             )
-            # The engine process opens the same files: hand it the hashes
-            # checked here so an engine start hashes the weights once.
-            plan.artifact.handoff()
+            # The engine process verifies the files again before it reads
+            # them: nothing checked here is trusted there (format/opened.py).
             manifest, kwargs, preset = plan.manifest, plan.engine_kwargs, plan.preset
             served, lora_kwargs = engine_adapters.lora_engine_kwargs(
                 path, manifest, adapters, max_loras, max_lora_rank,
@@ -138,6 +137,8 @@ class KerasVllmEngine:
                 with engine_process.skips_main(), \
                         engine_process.forks_frozen():
                     llm = vllm.LLM(**kwargs)
+                if served is not None:
+                    engine_adapters.preload(llm, served)
         return cls(llm, path, manifest, preset=preset, public_key=public_key,
                    adapters=served)
 

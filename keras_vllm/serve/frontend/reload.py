@@ -14,6 +14,14 @@ option), so the route exists only when asked for. The middleware:
 * adds `"keras_vllm": {"artifact_hash", "path"}` to each model card of
   `GET /v1/models`.
 
+A reload while LoRA adapters are loaded (`--enable-lora`) is refused with
+a 409 naming every loaded adapter that does not fit the new base (an
+adapter exported against the served artifact never does): they are not
+unloaded behind the client's back; unload them, reload, then load adapters
+of the new base. The worker refuses the same case on its own
+(`KerasLoraManager.check_new_base`) and checks later adapter loads against
+the base it serves now.
+
 It runs before vLLM's own authentication middleware, so it checks the
 server's `--api-key` (or `VLLM_API_KEY`, as vLLM does) itself; a server
 without a key takes reloads from loopback clients only.
@@ -39,6 +47,28 @@ class _Served:
 
 
 _SERVED = _Served()
+
+
+def current_path():
+    """The artifact served now (None before the first request)."""
+    return _SERVED.path
+
+
+def _misfits(loaded, path, manifest):
+    """Names of the loaded adapters that do not fit the base at `path`."""
+    from keras_vllm.errors import KerasVllmError
+    from keras_vllm.load import adapter_checks
+
+    misfits = []
+    for name, lora in sorted(loaded.items()):
+        try:
+            adapter_checks.check_adapter(
+                lora.lora_path, adapter_checks.open_adapter(lora.lora_path),
+                path, manifest, 512,
+            )
+        except KerasVllmError:
+            misfits.append(name)
+    return misfits
 
 
 async def _served(request):
@@ -122,6 +152,20 @@ async def _reload(request):
             )
         except KerasVllmError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
+        # Adapters bound to the served base would serve on the new one:
+        # refused (409) while any is loaded; unload them first.
+        models = getattr(request.app.state, "openai_serving_models", None)
+        loaded = dict(getattr(models, "lora_requests", None) or {})
+        misfits = await asyncio.to_thread(_misfits, loaded, path, manifest)
+        if misfits:
+            return JSONResponse(
+                {"error": f"The loaded LoRA adapters {misfits} do not fit "
+                 f"the new base '{path}' (they were exported against the "
+                 "served one); nothing was replaced. Unload them first "
+                 "(`POST /v1/unload_lora_adapter`), or load adapters "
+                 "exported against the new base after the reload."},
+                status_code=409,
+            )
         await client.pause_generation(mode="wait", clear_cache=True)
         try:
             result = (

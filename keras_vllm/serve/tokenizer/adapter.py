@@ -100,7 +100,7 @@ class KerasVllmTokenizer(ChatTemplateMethods, TokenizerLike):
         The checksums of the files it reads (tokenizer assets, chat
         template) are verified, not the weights': vLLM loads a tokenizer in
         several processes, and the engine verifies the whole artifact
-        (`KERAS_VLLM_PUBLIC_KEY`: its signature first, once per process). The
+        (`KERAS_VLLM_PUBLIC_KEY`: its signature first, at every load). The
         tokenizer must reproduce the ids recorded at export
         (`keras_vllm.load_tokenizer`).
         `truncation_side` is honoured; vLLM's other keyword arguments (hub

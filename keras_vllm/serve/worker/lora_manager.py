@@ -10,8 +10,14 @@ over the adapter slots of the served projections
 (`keras_vllm.layers.common.lora_slots`):
 
 * an adapter is read from its keras-vllm adapter artifact (verified, and
-  checked against the served base by `adapter_checks`) into host memory,
-  up to `max_cpu_loras` of them;
+  checked completely against the served base by `adapter_checks`) into
+  host memory, up to `max_cpu_loras` of them, when vLLM adds it
+  (`add_lora`: at start, `/v1/load_lora_adapter`, `engine.add_adapter`),
+  where a refusal answers that call alone; `load_inplace` reads it again;
+* an adapter evicted from host memory keeps its checked factors in a
+  private spill file (read once: its artifact is never read again inside
+  a scheduled step, where an error would stop the engine for everyone),
+  and comes back from there when a step needs it;
 * activating an adapter writes its factors, zero-padded to
   `max_lora_rank`, into a free slot (or the least recently used one no
   token of the step needs) with each variable's own sharding: the shapes
@@ -28,6 +34,7 @@ import collections
 import contextlib
 import logging
 import os
+import tempfile
 
 import jax.numpy as jnp
 import numpy as np
@@ -39,6 +46,13 @@ from keras_vllm.layers.common import lora_slots
 from keras_vllm.load import adapter_checks
 
 logger = logging.getLogger("keras_vllm")
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _slot_dtype(layer):
@@ -75,16 +89,26 @@ class KerasLoraManager:
         self._slot_of = {}  # int id -> slot
         self._in_slot = [None] * (self.max_loras + 1)  # slot -> int id
         self.token_slots = None
+        # Evicted adapters: int id -> (request, private spill file,
+        # [(layer, dtype)]).
+        self._spilled = {}
+        self._spill_dir = None
 
     # -- vLLM's WorkerLoRAManager interface ------------------------------
     def add_adapter(self, lora_request):
         """Reads an adapter artifact (`lora_request.lora_path`); False if it
-        is held already."""
+        is held already (unless `load_inplace`: then it is read again and
+        replaces the held one)."""
         lora_id = lora_request.lora_int_id
-        if lora_id in self._adapters:
+        inplace = bool(getattr(lora_request, "load_inplace", False))
+        if lora_id in self._spilled and not inplace:
+            return False
+        if lora_id in self._adapters and not inplace:
             self._adapters.move_to_end(lora_id)
             return False
-        factors = self._read(lora_request)  # refused before anything is evicted
+        factors = self._read(lora_request)  # refused before anything changes
+        if lora_id in self._adapters or lora_id in self._spilled:
+            self.remove_adapter(lora_id)
         self._make_room()
         self._adapters[lora_id] = _Adapter(lora_request, factors)
         logger.info("keras-vllm: loaded LoRA adapter '%s' (id %d) from %s",
@@ -92,8 +116,11 @@ class KerasLoraManager:
         return True
 
     def remove_adapter(self, adapter_id):
+        spilled = self._spilled.pop(adapter_id, None)
+        if spilled is not None:
+            _unlink(spilled[1])
         if self._adapters.pop(adapter_id, None) is None:
-            return False
+            return spilled is not None
         self._pinned.discard(adapter_id)
         slot = self._slot_of.pop(adapter_id, None)
         if slot is not None:
@@ -111,7 +138,42 @@ class KerasLoraManager:
         return True
 
     def list_adapters(self):
-        return set(self._adapters)
+        return set(self._adapters) | set(self._spilled)
+
+    def held_requests(self):
+        """The `LoRARequest`s of the adapters held (in memory or spilled),
+        warm-up dummies left out."""
+        held = [a.request for a in self._adapters.values()
+                if a.factors is not None]
+        return held + [spilled[0] for spilled in self._spilled.values()]
+
+    def check_new_base(self, path, manifest):
+        """Refuses a new base that an adapter held does not fit (a reload
+        to it would serve the adapter on weights it was not trained on).
+
+        Raises:
+            ServingError: naming every such adapter and the fix.
+        """
+        from keras_vllm.errors import KerasVllmError
+
+        misfits = []
+        for request in self.held_requests():
+            try:
+                adapter_checks.check_adapter(
+                    request.lora_path,
+                    adapter_checks.open_adapter(request.lora_path),
+                    path, manifest, self.max_rank,
+                )
+            except KerasVllmError:
+                misfits.append(request.lora_name)
+        if misfits:
+            raise ServingError(
+                f"The loaded LoRA adapters {sorted(misfits)} do not fit the "
+                f"new base '{path}' (they were exported against the served "
+                "one). Unload them first (`/v1/unload_lora_adapter`, "
+                "`engine.remove_adapter`), or export them against the new "
+                "base."
+            )
 
     def set_active_adapters(self, requests, mapping):
         """Puts the step's adapters in slots and maps its tokens to them."""
@@ -122,12 +184,19 @@ class KerasLoraManager:
                 f"max_loras={self.max_loras} slots."
             )
         for request in requests:
-            # An adapter evicted from host memory is read again by path.
-            if request.lora_int_id in needed - set(self._adapters):
-                self._make_room(keep=needed)
-                self._adapters[request.lora_int_id] = _Adapter(
-                    request, self._read(request)
-                )
+            lora_id = request.lora_int_id
+            if lora_id not in needed or lora_id in self._adapters:
+                continue
+            spilled = self._spilled.pop(lora_id, None)
+            if spilled is None:
+                # Never added (vLLM adds every adapter before its requests
+                # run): read now; nothing else can read it in time.
+                factors = self._read(request)
+            else:
+                # Evicted: its checked factors, from the private spill.
+                factors = self._unspill(spilled)
+            self._make_room(keep=needed)
+            self._adapters[lora_id] = _Adapter(request, factors)
         wrote = False
         for lora_id in sorted(needed):
             if lora_id not in self._adapters:
@@ -170,7 +239,7 @@ class KerasLoraManager:
                     f"All {self.capacity} LoRA adapters held (max_cpu_loras) "
                     "are pinned; unpin or remove one first."
                 )
-            self.remove_adapter(victim)
+            self._spill(victim)
 
     def _place(self, lora_id, needed):
         """Gives `lora_id` a slot (a free one, else one no token of this
@@ -227,6 +296,42 @@ class KerasLoraManager:
         if mesh is None:
             return jax.numpy.asarray(slots)
         return jax.device_put(slots, NamedSharding(mesh, PartitionSpec()))
+
+    def _spill(self, lora_id):
+        """Moves an adapter's checked factors out of host memory into a
+        private file (its slot is freed as by `remove_adapter`)."""
+        adapter = self._adapters[lora_id]
+        self.remove_adapter(lora_id)
+        if adapter.factors is None:  # a warm-up dummy: nothing to keep
+            return
+        if self._spill_dir is None:
+            self._spill_dir = tempfile.mkdtemp(prefix="keras_vllm_lora_")
+        path = os.path.join(self._spill_dir, f"{lora_id}.npz")
+        arrays = {}
+        for i, (_, a, b, scale, bias) in enumerate(adapter.factors):
+            # float32 holds bfloat16/float16 exactly; cast back on return.
+            arrays[f"a{i}"] = np.asarray(a, np.float32)
+            arrays[f"b{i}"] = np.asarray(b, np.float32)
+            arrays[f"s{i}"] = np.asarray(scale, np.float32)
+            if bias is not None:
+                arrays[f"bias{i}"] = np.asarray(bias, np.float32)
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+        layers = [(layer, a.dtype) for layer, a, *_ in adapter.factors]
+        self._spilled[lora_id] = (adapter.request, path, layers)
+
+    def _unspill(self, spilled):
+        _, path, layers = spilled
+        with np.load(path, allow_pickle=False) as stored:
+            factors = [
+                (layer, stored[f"a{i}"].astype(dtype),
+                 stored[f"b{i}"].astype(dtype), float(stored[f"s{i}"]),
+                 stored[f"bias{i}"].astype(dtype)
+                 if f"bias{i}" in stored else None)
+                for i, (layer, dtype) in enumerate(layers)
+            ]
+        _unlink(path)
+        return factors
 
     # -- reading an adapter artifact ----------------------------------------
     def _read(self, request):
