@@ -183,6 +183,16 @@ ENGINE_PROGRESS = Variable(
     "load/vllm_model.py; set by cli.py (serve)",
     _choice("lines"),
 )
+MOE_EXPERTS = Variable(
+    "KERAS_VLLM_MOE_EXPERTS",
+    "'routed' or 'dense'",
+    "routed",
+    "dense serves mixture-of-experts blocks as KerasHub computes them "
+    "(every expert for every token), for comparison; routed computes each "
+    "token's top-k experts only.",
+    "layers/routed_experts.py, bench/moe.py",
+    _choice("routed", "dense"),
+)
 MAX_PARAMETERS = Variable(
     "KERAS_VLLM_MAX_PARAMETERS",
     "a positive integer (1e10 is fine)",
