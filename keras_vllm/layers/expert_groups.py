@@ -30,11 +30,11 @@ from jax import lax
 
 
 def tile_rows_for(num_pairs, num_experts):
-    """Rows per tile: about one tile per expert when routing is balanced
-    (a multiple of 8, at least 8), so each expert's kernels are read about
-    once per step and few rows are computed only to be masked."""
-    rows = -(-num_pairs // num_experts)
-    return max(8, -(-rows // 8) * 8)
+    """Rows per tile: about one tile per expert when routing is balanced,
+    so each expert's kernels are read about once per step and few rows are
+    computed only to be masked (one row per tile for a decode step of a
+    few sequences: each pair then reads its expert once)."""
+    return max(1, -(-num_pairs // num_experts))
 
 
 def sort_pairs(experts, num_valid, num_experts):
@@ -69,7 +69,9 @@ def _tiles(counts, tile_rows, max_tiles):
     group_end = jnp.cumsum(counts)
     group_start = group_end - counts
     ids = jnp.arange(max_tiles)
-    expert = jnp.searchsorted(tile_end, ids, side="right")
+    # The expert of tile i: how many experts' tiles end at or before it
+    # (a [tiles, E] comparison; `searchsorted` is a loop on CPU).
+    expert = jnp.sum(tile_end[None, :] <= ids[:, None], axis=1)
     expert = jnp.minimum(expert, counts.shape[0] - 1).astype(jnp.int32)
     first = group_start[expert] + (ids - tile_start[expert]) * tile_rows
     return expert, first, group_end[expert], tile_end[-1]
