@@ -187,6 +187,16 @@ ENGINE_PROGRESS = Variable(
     "serve/worker/model.py; set by cli/commands.py (serve)",
     _choice("lines"),
 )
+MOE_EXPERTS = Variable(
+    "KERAS_VLLM_MOE_EXPERTS",
+    "'routed' or 'dense'",
+    "routed",
+    "dense serves mixture-of-experts blocks as KerasHub computes them "
+    "(every expert for every token), for comparison; routed computes each "
+    "token's top-k experts only.",
+    "layers/common/routed_experts.py, bench/moe.py",
+    _choice("routed", "dense"),
+)
 MAX_PARAMETERS = Variable(
     "KERAS_VLLM_MAX_PARAMETERS",
     "a positive integer (1e10 is fine)",

@@ -5,20 +5,30 @@ positions, explicit `head_dim`, grouped-query attention, softmax scale
 `1/sqrt(head_dim)`). No sliding window: KerasHub applies
 `sliding_window_size` (backbone default 32768) only on its non-fused path,
 which never runs on JAX, so the Keras model (the reference) attends over the
-whole context and so does this layer. The mixture-of-experts feed-forward
-runs as the backbone's own layer (per-token routing).
+whole context and so does this layer.
+
+The sparse mixture-of-experts block is served routed
+(`RoutedQwen3SparseMoeBlock`): Qwen MoE's router and experts (softmax,
+top-k, renormalised when `norm_top_k_prob`; fused gate-and-up SwiGLU)
+without a shared expert.
 """
 
 from keras_hub.src.models.qwen3_moe.qwen3_moe_attention import (
     Qwen3MoeAttention,
 )
+from keras_hub.src.models.qwen3_moe.qwen3_moe_decoder import (
+    Qwen3SparseMoeBlock,
+)
 
 from keras_vllm.layers.common.base import PagedAttention
-from keras_vllm.layers.qwen3 import PagedQwen3Attention
-from keras_vllm.layers.qwen import CHATML_TOKENS
-from keras_vllm.layers.qwen import CHATML_TURNS
 from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
+from keras_vllm.layers.common.routed_experts import RoutedExperts
+from keras_vllm.layers.common.routed_experts import softmax_top_k
+from keras_vllm.layers.qwen import CHATML_TOKENS
+from keras_vllm.layers.qwen import CHATML_TURNS
+from keras_vllm.layers.qwen3 import PagedQwen3Attention
+from keras_vllm.layers.qwen_moe import fused_swiglu
 
 
 @register_paged(Qwen3MoeAttention)
@@ -35,3 +45,26 @@ class PagedQwen3MoeAttention(Qwen3MoeAttention, PagedAttention):
 
 # Its instruct presets chat in ChatML, without Qwen 2.5's default system.
 register_chat_template("Qwen3MoeTokenizer", CHATML_TURNS, tokens=CHATML_TOKENS)
+
+@register_paged(Qwen3SparseMoeBlock)
+class RoutedQwen3SparseMoeBlock(Qwen3SparseMoeBlock, RoutedExperts):
+    """`Qwen3SparseMoeBlock` computing each token's top-k experts only."""
+
+    call = RoutedExperts.call
+
+    def route(self, tokens):
+        logits = self._sparse_feedforward_gate_dense(tokens)
+        weights, experts = softmax_top_k(
+            logits, self.top_k, renormalize=self.norm_top_k_prob
+        )
+        return logits, weights, experts
+
+    def expert_kernels(self):
+        bank = self.expert_bank
+        return (
+            (bank._expert_feedforward_gate_dense,),
+            bank._expert_feedforward_output_dense,
+        )
+
+    def expert_hidden(self, gate_up):
+        return fused_swiglu(self.expert_bank, gate_up)

@@ -2,7 +2,9 @@
 
 One engine per (family, mode): a rotary GQA family (Llama) and one with
 learned positions, biases and LayerNorm (GPT-2), each in Keras' int8, int4
-(weights only) and calibrated GPTQ modes. The engine runs the quantized
+(weights only) and calibrated GPTQ modes; and Mixtral in int8 (its routed
+mixture-of-experts blocks: Keras quantizes the router, a Dense, and leaves
+the expert banks float). The engine runs the quantized
 Keras layers' own computation (the paged subclasses call the parent's projections), so the
 served tokens must equal the quantized model's `generate()`. Llama int8 is
 also served at TP=2, where the int8 kernels and their scales are split.
@@ -19,7 +21,7 @@ CASES = [
     (family, mode, 1)
     for family in ("llama", "gpt2")
     for mode in quantized_models.MODES
-] + [("llama", "int8", 2)]
+] + [("llama", "int8", 2), ("mixtral", "int8", 1)]
 
 # Teacher-forced logprobs against Keras' forward pass. int4 (weights only)
 # and GPTQ dequantize their weights and compute in float: every position

@@ -36,6 +36,18 @@ class ServingContext:
         self.mesh = mesh
         self.calls = [0] * len(self.kv_caches)
 
+    def num_tokens(self):
+        """The step's real tokens (a scalar int array): vLLM pads its flat
+        batch up to a token bucket, and layers that route tokens (mixture
+        of experts) skip the padding. None when the metadata lacks it."""
+        metadata = self.attention_metadata
+        starts = getattr(metadata, "query_start_loc", None)
+        distribution = getattr(metadata, "request_distribution", None)
+        if starts is None or distribution is None:
+            return None
+        # [decode, decode, requests] per data-parallel rank; one rank here.
+        return starts[distribution[2]]
+
     def read_cache(self, index):
         if not 0 <= index < len(self.kv_caches):
             raise RuntimeError(

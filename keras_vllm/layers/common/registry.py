@@ -12,7 +12,9 @@ Two kinds of layers are registered:
 - attention layers (`PagedAttention` subclasses): they own one KV cache each
   and attend through `PagedAttention.paged_attend`;
 - position-dependent layers (e.g. a learned position embedding): they read
-  vLLM's token positions instead of assuming `0..T-1`.
+  vLLM's token positions instead of assuming `0..T-1`;
+- mixture-of-experts blocks (`routed_experts.RoutedExperts` subclasses):
+  they compute each token's top-k experts only.
 """
 
 _PAGED_CLASSES = {}

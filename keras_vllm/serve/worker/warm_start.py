@@ -11,7 +11,8 @@ never use.
 So a keras-vllm engine that completed its precompilation leaves a marker in
 the compile cache directory, named by everything that decides which programs
 it compiles: the model's architecture (the manifest's backbone class and
-config, dtype and quantization, not its weights or its path), vLLM's config
+config, dtype and quantization, not its weights or its path; and
+`KERAS_VLLM_MOE_EXPERTS`), vLLM's config
 hash (`VllmConfig.compute_hash()`: cache, parallel, scheduler, LoRA and
 compilation settings), the KV cache's blocks and layout, the devices and the
 versions of vLLM, tpu-inference, JAX, Keras and keras-vllm. A later start
@@ -74,6 +75,8 @@ def register_model(vllm_config, manifest):
         "backbone": backbone,
         "dtype": manifest.get("dtype"),
         "quantization": manifest.get("quantization"),
+        # Dense or routed mixture-of-experts blocks: other programs.
+        "moe_experts": envs.MOE_EXPERTS.get(),
     }
     _install()
 

@@ -1,0 +1,162 @@
+"""Mixture-of-experts blocks served at top-k cost: the routed-experts mixin.
+
+A family's layer module subclasses its KerasHub sparse-MoE block with this
+mixin (`class RoutedX(XSparseMoeBlock, RoutedExperts)`, registered with
+`registry.register_paged` like the attention subclasses), so the served
+model re-classes each block in place and keeps its variables. The subclass
+declares, once, what differs between families:
+
+- `route(tokens)`: the router, exactly as the KerasHub block computes it
+  (`softmax_top_k` is the usual softmax, top-k, optionally renormalised);
+- `expert_kernels()`: the experts' input kernels (`[E, hidden, ...]`,
+  one or two) and output kernel (`[E, intermediate, hidden]`);
+- `expert_hidden(*projected)`: the expert's activation of the projected
+  rows (SwiGLU and its precision);
+- `shared_expert(tokens)`: an always-on expert added to the routed output
+  (e.g. sigmoid-gated), or None.
+
+The generic `call` then computes only the chosen experts for each token
+(`keras_vllm.layers.common.expert_groups`), weights them with the router's top-k
+weights and adds the shared expert. Ties in the router's top-k are decided
+by the same `ops.top_k` the KerasHub block calls (`jax.lax.top_k`: the
+lower expert index first), so the routed experts are the block's own. The
+result equals the block's up to float summation order.
+
+`KERAS_VLLM_MOE_EXPERTS=dense` serves the KerasHub block as it is (every
+expert for every token), for comparison (`keras_vllm.bench.moe`). The
+Keras-side model (`load_causal_lm`, `generate()`) is never re-classed.
+"""
+
+import jax.numpy as jnp
+from keras import ops
+
+from keras_vllm import envs
+from keras_vllm.layers.common import expert_groups
+from keras_vllm.layers.common.context import current_context
+
+
+def softmax_top_k(router_logits, top_k, renormalize):
+    """The usual router: softmax over experts, the top `top_k`.
+
+    Computed with the same ops, in the same order, as KerasHub's Mixtral and
+    Qwen MoE blocks, so ties resolve as there.
+
+    Args:
+        router_logits: `[T, E]`.
+        top_k: experts per token.
+        renormalize: whether the top-k probabilities are divided by their
+            sum.
+
+    Returns:
+        `(weights [T, k], experts [T, k])`.
+
+    Example:
+
+    ```python
+    weights, experts = softmax_top_k(logits, 2, renormalize=True)
+    ```
+    """
+    probs = ops.softmax(router_logits, axis=-1)
+    weights, experts = ops.top_k(probs, k=top_k)
+    if renormalize:
+        weights = weights / ops.sum(weights, axis=-1, keepdims=True)
+    return weights, experts
+
+
+def routed_moe_enabled():
+    """Whether served MoE blocks compute only their routed experts."""
+    return envs.MOE_EXPERTS.get() == "routed"
+
+
+class RoutedExperts:
+    """Mixin of the served subclasses of KerasHub sparse-MoE blocks.
+
+    The subclass lists the KerasHub block first (CPython refuses to
+    re-class an instance otherwise), sets `call = RoutedExperts.call` and
+    implements the hooks in the module docstring.
+    """
+
+    # No slots of its own: re-classing keeps the object layout.
+    __slots__ = ()
+    _is_paged_layer = True
+    _owns_kv_cache = False
+
+    def route(self, tokens):
+        """`(router_logits [T, E], weights [T, k], experts [T, k])`."""
+        raise NotImplementedError
+
+    def expert_kernels(self):
+        """`(input_kernels, output_kernel)`: a tuple of `[E, H, ...]`
+        variables and one `[E, I, H]` variable."""
+        raise NotImplementedError
+
+    def expert_hidden(self, *projected):
+        """The expert's intermediate activation of its projected rows."""
+        raise NotImplementedError
+
+    def shared_expert(self, tokens):
+        """An always-on expert's output `[T, H]`, or None."""
+        return None
+
+    def _keras_block(self):
+        return type(self).__bases__[0]
+
+    def call(self, hidden_states, attention_mask=None, training=None):
+        if not routed_moe_enabled():
+            return self._keras_block().call(
+                self, hidden_states, attention_mask=attention_mask,
+                training=training,
+            )
+        shape = ops.shape(hidden_states)
+        tokens = ops.reshape(hidden_states, (-1, shape[-1]))
+        router_logits, weights, experts = self.route(tokens)
+        context = current_context()
+        num_valid = None if context is None else context.num_tokens()
+        out = self.routed_output(tokens, weights, experts, num_valid)
+        shared = self.shared_expert(tokens)
+        if shared is not None:
+            out = out + shared
+        return ops.reshape(out, shape), router_logits
+
+    def routed_output(self, tokens, weights, experts, num_valid=None):
+        """The weighted sum of each token's routed experts, `[T, H]`.
+
+        Args:
+            tokens: `[T, H]`.
+            weights: `[T, k]` router weights.
+            experts: int `[T, k]` expert indices.
+            num_valid: the real tokens among the `T` (the rest are padding
+                and computed by no expert), or None for all.
+        """
+        input_kernels, output_kernel = self.expert_kernels()
+        input_kernels = [ops.convert_to_tensor(k) for k in input_kernels]
+        output_kernel = ops.convert_to_tensor(output_kernel)
+        num_tokens, top_k = experts.shape
+        num_experts = output_kernel.shape[0]
+        order, counts = expert_groups.sort_pairs(
+            experts, num_valid, num_experts
+        )
+        rows = ops.take(tokens, order // top_k, axis=0)
+        if expert_groups.on_tpu():
+            projected = [
+                expert_groups.grouped_matmul_tpu(rows, counts, kernel)
+                for kernel in input_kernels
+            ]
+            out = expert_groups.grouped_matmul_tpu(
+                self.expert_hidden(*projected), counts, output_kernel
+            )
+        else:
+            out = expert_groups.grouped_ffn_cpu(
+                rows, counts, self._expert_ffn,
+                input_kernels + [output_kernel],
+                expert_groups.tile_rows_for(num_tokens * top_k, num_experts),
+            )
+        # Back to (token, slot) order, then each token's weighted sum.
+        pairs = jnp.zeros_like(out).at[order].set(out)
+        pairs = ops.reshape(pairs, (num_tokens, top_k, -1))
+        weights = ops.cast(weights, tokens.dtype)
+        return ops.sum(pairs * weights[:, :, None], axis=1)
+
+    def _expert_ffn(self, tile, *kernels):
+        projected = [ops.matmul(tile, kernel) for kernel in kernels[:-1]]
+        return ops.matmul(self.expert_hidden(*projected), kernels[-1])
