@@ -24,6 +24,7 @@ from keras_vllm.load.adapter_slots import token_slots
 from keras_vllm.load.keras_loader import build_backbone
 from keras_vllm.load.opening import open_verified
 from keras_vllm.load.sharding import shard_backbone
+from keras_vllm.load.text_decoder import served_backbone
 from keras_vllm.load.warm_start import register_model
 
 logger = logging.getLogger("keras_vllm")
@@ -66,6 +67,8 @@ class KerasVllmForCausalLM(nnx.Module):
                 # paged layers call the plain projections.
                 merge_lora=True,
             )
+            # A model with encoders (a vision tower) serves its text decoder.
+            backbone = served_backbone(backbone, manifest)
         self.attention_layers = len(swap_in_paged_layers(backbone))
         self.manifest = manifest
         register_model(self.vllm_config, manifest)
