@@ -11,6 +11,7 @@ from keras_vllm import engine_updates
 from keras_vllm import envs
 from keras_vllm import format as fmt
 from keras_vllm import logs
+from keras_vllm import modality_checks
 from keras_vllm import progress
 # Kept importable from here (tests and scripts use it).
 from keras_vllm.engine_settings import serving_defaults  # noqa: F401
@@ -331,6 +332,7 @@ class KerasVllmEngine:
                           kwargs)
 
     def _call(self, method, inputs, count, sampling_params, adapter, kwargs):
+        modality_checks.check_request(method, inputs, self.manifest)
         with self._lock:
             self._check_running()
             if sampling_params is None:
