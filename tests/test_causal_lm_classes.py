@@ -100,3 +100,14 @@ def test_allow_unservable_exports_for_keras_side_use(name, tmp_path):
     # A model whose generate() needs images records no text golden output.
     expected = 0 if capabilities.extra_inputs(causal_lm.backbone) else 1
     assert len(golden["outputs"]) == expected
+
+
+def test_readme_lists_every_refused_class():
+    import os
+
+    readme = os.path.join(os.path.dirname(__file__), "..", "README.md")
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    table = text[text.index("### KerasHub classes not served"):]
+    for name in UNSERVED:
+        assert f"`{name}`" in table, name
