@@ -20,7 +20,9 @@ VISION_INPUTS = ["images", "vision_indices", "vision_mask"]
 
 def _with_vision_encoder(text_lm):
     """The trained tiny Gemma 3 with a (random) tiny vision encoder added:
-    its decoder weights are the trained ones."""
+    its decoder weights are the trained ones. The encoder is named as in
+    keras-hub's presets (an auto-numbered name differs between two models
+    built in one process, and an update keeps the served config)."""
     import keras_hub
     from keras_hub.src.models.gemma3.gemma3_vision_encoder import (
         Gemma3VisionEncoder,
@@ -30,6 +32,7 @@ def _with_vision_encoder(text_lm):
     config["vision_encoder"] = Gemma3VisionEncoder(
         image_size=16, patch_size=4, num_heads=2, hidden_dim=16, num_layers=1,
         intermediate_dim=32, output_dim=config["hidden_dim"], pool_size=2,
+        name="gemma3_vision_encoder",
     )
     config["image_size"] = 16
     backbone = keras_hub.models.Gemma3Backbone(**config)
@@ -109,3 +112,33 @@ def test_a_request_with_an_image_is_refused_by_name(served):
         )
     # The engine still serves.
     assert engine.generate(["the"])[0].outputs[0].token_ids
+
+
+def test_weights_update_from_a_new_export_of_the_vision_model(
+    served, tmp_path
+):
+    """`update_weights` takes the decoder of a new export (the served
+    backbone is the text decoder; the artifact holds the whole model)."""
+    from keras_vllm import reference
+    from keras_vllm import testing
+    from vllm import SamplingParams
+
+    model, engine = served
+    other = _with_vision_encoder(
+        testing.build_tiny_causal_lm("gemma3", num_layers=6, seed=1)
+    )
+    path = other.export_vllm(
+        tmp_path / "other", max_sequence_length=256, golden_prompts=()
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    prompt = testing.prompts()[0]
+    ids = reference.prompt_token_ids(model, prompt)
+    original = engine.path
+    try:
+        engine.update_weights(path)
+        got = list(engine.generate([prompt], params)[0].outputs[0].token_ids)
+        assert got == reference.greedy_continuation(other, ids, 8, [])
+    finally:
+        engine.update_weights(original)
+    got = list(engine.generate([prompt], params)[0].outputs[0].token_ids)
+    assert got == reference.greedy_continuation(model, ids, 8, [])

@@ -146,14 +146,12 @@ def refusal(causal_lm):
     try:
         kv_layout(causal_lm.backbone)
     except UnsupportedModelError as e:
-        problems.append(str(e) if not problems else f"Also: {e}")
+        problems.append(str(e))
     if not problems:
         return None
-    if not problems[0].startswith(type(causal_lm).__name__):
-        problems[0] = (
-            f"{type(causal_lm).__name__} cannot be served: {problems[0]}"
-        )
-    return " ".join(problems)
+    prefix = f"{type(causal_lm).__name__} cannot be served: "
+    problems = [p.removeprefix(prefix).removeprefix("Also: ") for p in problems]
+    return prefix + " Also: ".join(problems)
 
 
 def _has_sizes(backbone):
