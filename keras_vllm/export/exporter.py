@@ -12,6 +12,7 @@ from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.export import adapter as adapter_export
+from keras_vllm.export import capabilities
 from keras_vllm.export import chat_templates
 from keras_vllm.export import checkpoint_tokenizer
 from keras_vllm.export import delta
@@ -117,6 +118,14 @@ def export_vllm(
     ```
     """
     model_facts.check_model(causal_lm)
+    # Refused by its structure before anything else is read.
+    refused = capabilities.refusal(causal_lm)
+    if refused is not None and not allow_unservable:
+        raise UnsupportedModelError(
+            f"{refused} To export it for Keras-side use only, pass "
+            "`allow_unservable=True`."
+        )
+    model_facts.check_preprocessor(causal_lm)
     target = staging.check_target(path, overwrite)
     # The key and the factor dtype are checked before any work is done.
     signer = None if signing_key is None else signing.as_signer(signing_key)
@@ -125,14 +134,14 @@ def export_vllm(
         return _export(
             causal_lm, target, preset, weights, overwrite, golden_prompts,
             golden_max_new_tokens, max_sequence_length, chat_template,
-            allow_unservable, signer, base, lora_dtype,
+            allow_unservable, signer, base, lora_dtype, refused,
         )
 
 
 def _export(
     causal_lm, target, preset, weights, overwrite, golden_prompts,
     golden_max_new_tokens, max_sequence_length, chat_template,
-    allow_unservable, signer, base=None, lora_dtype=None,
+    allow_unservable, signer, base=None, lora_dtype=None, refused=None,
 ):
     if weights not in ("auto",) + fmt.WEIGHT_MODES:
         raise ExportError(
@@ -189,9 +198,12 @@ def _export(
     max_len = model_facts.max_sequence_length(
         causal_lm, max_sequence_length, handle
     )
-    # The conformance gate: fails before any file is written when an
-    # attention layer has no paged subclass.
+    # The conformance gate: fails before any file is written (and before
+    # any golden output is recorded) when the model is no text decoder
+    # keras-vllm runs or an attention layer has no paged subclass.
     try:
+        if refused is not None:
+            raise UnsupportedModelError(refused)
         quantized.check_servable(quantization)
         config = fmt.vllm_files.vllm_config(
             hidden_size=backbone.hidden_dim,
@@ -212,6 +224,7 @@ def _export(
                 "`allow_unservable=True`."
             ) from None
         config, unservable = None, str(e)
+        golden_prompts = _text_golden_prompts(causal_lm, golden_prompts)
     golden_ref = sections.golden_reference(causal_lm, unservable is None)
 
     with progress.phase("collecting weights", unit="variables") as phase:
@@ -325,6 +338,7 @@ def _export(
             golden_reference=golden_ref,
             quantization=quantization,
             adapter=adapter_section,
+            unserved_inputs=capabilities.extra_inputs(backbone),
         )
         fmt.write_json(os.path.join(tmp, fmt.MANIFEST_FILE), manifest)
         if signer is not None:
@@ -332,6 +346,23 @@ def _export(
                 signer.sign(tmp)
     logger.info("keras-vllm: exported %s (%s weights)", target, mode)
     return target
+
+
+def _text_golden_prompts(causal_lm, golden_prompts):
+    """No golden outputs for an unservable model whose `generate()` needs
+    inputs text prompts do not give (images): nothing serves them."""
+    from keras_vllm.layers.swap import text_decoder_config
+
+    backbone = causal_lm.backbone
+    extra = capabilities.extra_inputs(backbone)
+    if golden_prompts and extra and text_decoder_config(backbone) is None:
+        logger.warning(
+            "keras-vllm: no golden outputs recorded: %s's generate() needs "
+            "inputs %s besides text.", type(causal_lm).__name__,
+            ", ".join(extra),
+        )
+        return ()
+    return golden_prompts
 
 
 def _write_files(

@@ -24,6 +24,9 @@ def check_model(causal_lm):
             f"Keras runs on the '{keras.config.backend()}' backend; keras-vllm "
             "needs JAX. Set KERAS_BACKEND=jax before importing keras."
         )
+
+
+def check_preprocessor(causal_lm):
     if causal_lm.preprocessor is None or getattr(
         causal_lm.preprocessor, "tokenizer", None
     ) is None:

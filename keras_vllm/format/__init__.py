@@ -45,6 +45,8 @@ from keras_vllm.format.files import sha256_files
 from keras_vllm.format.files import write_json
 from keras_vllm.format.manifest import new_manifest
 from keras_vllm.format.manifest import read_manifest
+from keras_vllm.format.manifest import served_modalities
+from keras_vllm.format.manifest import unserved_inputs
 from keras_vllm.format.manifest import tokenizer_fingerprint
 from keras_vllm.format.manifest import validate_manifest
 from keras_vllm.format.manifest import validate_shape

@@ -37,6 +37,7 @@ from keras_vllm.format.names import MAX_DIM
 from keras_vllm.format.names import MAX_ELEMENTS
 from keras_vllm.format.names import MAX_FILES
 from keras_vllm.format.names import MAX_MANIFEST_BYTES
+from keras_vllm.format.names import SERVED_MODALITIES
 from keras_vllm.format.names import SUPPORTED_DTYPES
 from keras_vllm.format.names import WEIGHT_MODES
 from keras_vllm.format.names import WEIGHTS_DIR
@@ -68,7 +69,7 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
                  max_sequence_length, sampler_in_vllm, unservable_reason,
                  parameter_count, weights, sections, files,
                  golden_reference="generate", quantization=None,
-                 adapter=None):
+                 adapter=None, unserved_inputs=()):
     """Assembles a manifest of this format version (see docs/FORMAT.md).
 
     Args:
@@ -90,6 +91,8 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
             model (`keras_vllm.format.quantization`), else None.
         adapter: the `adapter` section of a LoRA adapter artifact
             (`keras_vllm.format.adapter`), else None.
+        unserved_inputs: the backbone's inputs the served model does not
+            take (an encoder's: the artifact serves its text decoder).
 
     Returns:
         The validated manifest dict.
@@ -110,6 +113,10 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
         "weights": weights,
         **sections,
         "golden_reference": golden_reference,
+        "modalities": {
+            "served": ["text"],
+            "unserved_inputs": sorted(unserved_inputs),
+        },
         "files": files,
     }
     if quantization is not None:
@@ -240,6 +247,8 @@ def validate_manifest(manifest):
             f"'golden_reference' is '{reference[:50]}', expected one of "
             f"{GOLDEN_REFERENCES}.",
         )
+    if "modalities" in manifest:
+        _validate_modalities(manifest)
     weights = _field(manifest, "weights", dict, "manifest")
     mode = _field(weights, "mode", str, "weights")
     _expect(
@@ -297,6 +306,32 @@ def validate_manifest(manifest):
     adapter.validate(manifest)
     file_table.validate(manifest)
     return manifest
+
+
+def _validate_modalities(manifest):
+    modalities = _field(manifest, "modalities", dict, "manifest")
+    served = _field(modalities, "served", list, "modalities")
+    _expect(
+        "text" in served and all(m in SERVED_MODALITIES for m in served),
+        f"'modalities.served' must list 'text' and only {SERVED_MODALITIES}.",
+    )
+    unserved = _field(modalities, "unserved_inputs", list, "modalities")
+    _expect(
+        len(unserved) <= 64
+        and all(isinstance(n, str) and 0 < len(n) < 200 for n in unserved),
+        "'modalities.unserved_inputs' must be a short list of input names.",
+    )
+
+
+def served_modalities(manifest):
+    """What requests to the artifact may hold (1.5 and older: text)."""
+    return list(manifest.get("modalities", {}).get("served", ["text"]))
+
+
+def unserved_inputs(manifest):
+    """The backbone inputs the served model does not take (none before 1.6):
+    when any, the artifact serves its text decoder alone."""
+    return list(manifest.get("modalities", {}).get("unserved_inputs", []))
 
 
 def read_manifest(directory, sha256=None):

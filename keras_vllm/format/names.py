@@ -7,7 +7,7 @@ once; the rest of `keras_vllm.format` (and nothing outside it) spells them.
 FORMAT_NAME = "keras_vllm"
 # The major version changes when a reader of an older version could
 # misread an artifact; the minor version when fields are only added.
-FORMAT_VERSION = (1, 5)
+FORMAT_VERSION = (1, 6)
 
 # vLLM-facing names. Chosen so they cannot collide with keras-hub 0.32's own
 # plugin, which registers `keras_hub` / `KerasHubForCausalLM`.
@@ -99,7 +99,7 @@ VARIABLE_PATH_PATTERN = r"[A-Za-z0-9_]{1,200}(/[A-Za-z0-9_]{1,200}){0,31}"
 # Every top-level manifest field of format 1.4 (`validate_manifest` refuses
 # others unless the artifact declares a newer minor version). 1.1 added
 # `golden_reference`, 1.2 `quantization`, 1.3 `adapter` (1.4 only a key
-# inside it, `factor_dtype`).
+# inside it, `factor_dtype`), 1.6 `modalities`.
 MANIFEST_FIELDS = (
     "format",
     "format_version",
@@ -122,7 +122,11 @@ MANIFEST_FIELDS = (
     "golden_reference",
     "quantization",
     "adapter",
+    "modalities",
     "files",
 )
+# What a served artifact takes in requests (`manifest.modalities.served`);
+# 1.5 and older artifacts serve text. Images are for a later minor version.
+SERVED_MODALITIES = ("text",)
 # How golden outputs were computed in Keras (1.0 artifacts: "generate").
 GOLDEN_REFERENCES = ("generate", "forward_pass")

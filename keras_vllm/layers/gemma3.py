@@ -10,16 +10,19 @@ the sliding window on local layers (`q - k < sliding_window_size`, as the
 parent's `_mask_sliding_window`). The final logit soft cap lives in the
 backbone's `ReversibleEmbedding`, so the backbone's own head applies it.
 The bidirectional sliding window of embedding models is not causal
-generation and is refused.
+generation and is refused. A backbone with a vision encoder serves its text
+decoder (registered below): text prompts only.
 """
 
 from keras_hub.src.models.gemma3.gemma3_attention import CachedGemma3Attention
+from keras_hub.src.models.gemma3.gemma3_backbone import Gemma3Backbone
 
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.layers.common.gemma_attention import GemmaPagedAttention
-from keras_vllm.layers.gemma import GEMMA_CHAT_TEMPLATE
 from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
+from keras_vllm.layers.common.registry import register_text_decoder
+from keras_vllm.layers.gemma import GEMMA_CHAT_TEMPLATE
 
 
 @register_paged(CachedGemma3Attention)
@@ -62,3 +65,13 @@ register_chat_template(
     GEMMA_CHAT_TEMPLATE,
     tokens=("<start_of_turn>", "<end_of_turn>"),
 )
+
+@register_text_decoder(Gemma3Backbone)
+def gemma3_text_decoder(config):
+    """Gemma 3 without its vision encoder: the same decoder layers, names
+    and variables (`Gemma3Backbone` builds no interleaving layer then, and
+    on a text prompt the full model's image mask is all False, so every
+    layer attends causally as the text-only model does)."""
+    if config.get("vision_encoder") is None:
+        return None
+    return dict(config, vision_encoder=None)

@@ -123,6 +123,27 @@ def swap_in_paged_layers(backbone):
     return attention
 
 
+def text_decoder_config(backbone_or_config, backbone_cls=None):
+    """The config of a backbone's text decoder alone, when it has encoders.
+
+    Args:
+        backbone_or_config: a backbone, or a backbone config dict (then
+            `backbone_cls` is its class).
+        backbone_cls: the class of a config dict.
+
+    Returns:
+        The text-only config from the family's registered function
+        (`registry.register_text_decoder`), or None when the family
+        registers none or the config carries no encoder.
+    """
+    if isinstance(backbone_or_config, dict):
+        config, cls = backbone_or_config, backbone_cls
+    else:
+        config, cls = backbone_or_config.get_config(), type(backbone_or_config)
+    fn = registry.text_decoders().get(cls)
+    return None if fn is None else fn(dict(config))
+
+
 def supported_families_table():
     """The README's table of served layers, generated from the registry.
 

@@ -107,6 +107,29 @@ def test_format_1_0_artifacts_still_load(exported, tmp_path):
     assert check_golden(loaded, path) == []
 
 
+def test_format_1_5_artifacts_serve_text(exported, tmp_path):
+    path = _copy(exported, tmp_path)
+    manifest_path = os.path.join(path, fmt.MANIFEST_FILE)
+    manifest = json.load(open(manifest_path))
+    assert manifest["modalities"] == {"served": ["text"], "unserved_inputs": []}
+    manifest["format_version"] = [1, 5]
+    del manifest["modalities"]
+    fmt.write_json(manifest_path, manifest)
+    opened = fmt.open_artifact(path).validate()
+    assert fmt.served_modalities(opened.manifest) == ["text"]
+    assert fmt.unserved_inputs(opened.manifest) == []
+
+
+def test_a_modality_this_reader_cannot_serve_is_refused(exported, tmp_path):
+    path = _copy(exported, tmp_path)
+    manifest_path = os.path.join(path, fmt.MANIFEST_FILE)
+    manifest = json.load(open(manifest_path))
+    manifest["modalities"]["served"] = ["text", "image"]
+    fmt.write_json(manifest_path, manifest)
+    with pytest.raises(keras_vllm.ArtifactError, match="modalities.served"):
+        fmt.open_artifact(path)
+
+
 def test_unknown_golden_reference_is_refused(exported, tmp_path):
     path = _copy(exported, tmp_path)
     manifest_path = os.path.join(path, fmt.MANIFEST_FILE)

@@ -7,7 +7,7 @@ calls) imports that list before asking this registry. Nothing here imports
 a family, so the arrows point one way: swap -> families -> each family ->
 registry.
 
-Two kinds of layers are registered:
+Three kinds of layers are registered:
 
 - attention layers (`PagedAttention` subclasses): they own one KV cache each
   and attend through `PagedAttention.paged_attend`;
@@ -15,9 +15,15 @@ Two kinds of layers are registered:
   vLLM's token positions instead of assuming `0..T-1`;
 - mixture-of-experts blocks (`routed_experts.RoutedExperts` subclasses):
   they compute each token's top-k experts only.
+
+A family may also register, for a backbone class that can carry encoders
+(a vision tower), how to build its text decoder alone
+(`@register_text_decoder`): such a model is exported whole and served on
+text prompts through that decoder.
 """
 
 _PAGED_CLASSES = {}
+_TEXT_DECODERS = {}
 
 
 def register_paged(base_cls):
@@ -92,3 +98,34 @@ def chat_template(tokenizer):
                     return None
             return template
     return None
+
+
+def register_text_decoder(backbone_cls):
+    """Function decorator: how a backbone with encoders serves text alone.
+
+    The decorated function takes the backbone's `get_config()` and returns
+    the config of the same class without its encoders (same variable paths
+    for every decoder weight), or None when the config has none.
+
+    Args:
+        backbone_cls: the KerasHub backbone class (exact class match).
+
+    Example:
+
+    ```python
+    @register_text_decoder(Gemma3Backbone)
+    def gemma3_text_decoder(config):
+        return dict(config, vision_encoder=None)
+    ```
+    """
+
+    def decorator(fn):
+        _TEXT_DECODERS[backbone_cls] = fn
+        return fn
+
+    return decorator
+
+
+def text_decoders():
+    """`{backbone_class: text decoder config function}` registered so far."""
+    return dict(_TEXT_DECODERS)

@@ -4,15 +4,16 @@ import logging
 import os
 import threading
 
-from keras_vllm.serve.engine import adapters as engine_adapters
-from keras_vllm.serve.process import start as engine_process
-from keras_vllm.serve import preflight
-from keras_vllm.serve.engine import sampling_defaults
-from keras_vllm.serve.engine import updates
 from keras_vllm import envs
 from keras_vllm import format as fmt
 from keras_vllm import logs
 from keras_vllm import progress
+from keras_vllm.serve import preflight
+from keras_vllm.serve.engine import adapters as engine_adapters
+from keras_vllm.serve.engine import sampling_defaults
+from keras_vllm.serve.engine import updates
+from keras_vllm.serve.frontend import modality_checks
+from keras_vllm.serve.process import start as engine_process
 
 logger = logging.getLogger("keras_vllm")
 
@@ -351,6 +352,7 @@ class KerasVllmEngine:
         )
 
     def _call(self, method, inputs, count, sampling_params, adapter, kwargs):
+        modality_checks.check_request(method, inputs, self.manifest)
         with self._lock:
             self._check_running()
             if method == "chat":

@@ -19,10 +19,11 @@ from keras_vllm import progress
 from keras_vllm.layers.common.context import ServingContext
 from keras_vllm.layers.common.context import serving_context
 from keras_vllm.layers.swap import swap_in_paged_layers
-from keras_vllm.serve.worker.adapter_slots import install_adapter_slots
-from keras_vllm.serve.worker.adapter_slots import token_slots
 from keras_vllm.load.keras_loader import build_backbone
 from keras_vllm.load.opening import open_verified
+from keras_vllm.load.text_decoder import served_backbone
+from keras_vllm.serve.worker.adapter_slots import install_adapter_slots
+from keras_vllm.serve.worker.adapter_slots import token_slots
 from keras_vllm.serve.worker.sharding import shard_backbone
 from keras_vllm.serve.worker.warm_start import register_model
 
@@ -66,6 +67,8 @@ class KerasVllmForCausalLM(nnx.Module):
                 # paged layers call the plain projections.
                 merge_lora=True,
             )
+            # A model with encoders (a vision tower) serves its text decoder.
+            backbone = served_backbone(backbone, manifest)
         self.attention_layers = len(swap_in_paged_layers(backbone))
         self.manifest = manifest
         register_model(self.vllm_config, manifest)

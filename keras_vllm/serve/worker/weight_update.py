@@ -76,6 +76,19 @@ def artifact_values(path, served, dtype, preset=None, public_key=None,
                 f"('{fmt.MANIFEST_FILE}' has another digest); nothing was "
                 "replaced. Update from a finished export."
             )
+        if fmt.unserved_inputs(manifest):
+            # The served backbone is the artifact's text decoder: the whole
+            # model is rebuilt and its decoder's variables taken.
+            from keras_vllm.load.text_decoder import served_backbone
+
+            with _host_memory():
+                backbone = served_backbone(
+                    keras_loader.build_backbone(
+                        path, manifest, dtype=dtype, preset=preset
+                    ),
+                    manifest,
+                )
+            return weight_io.backbone_values(backbone)
         if manifest["weights"]["mode"] == "full":
             # Every position claimed, each checked against its variable.
             restored = {
