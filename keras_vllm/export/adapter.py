@@ -19,6 +19,7 @@ import numpy as np
 
 from keras_vllm import format as fmt
 from keras_vllm.hub import presets
+from keras_vllm.hub import checkpoint
 from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ExportError
 
@@ -95,7 +96,7 @@ def check_lora_dtype_applies(lora_dtype, as_adapter, weights):
 
 def _rounded(value, lora_dtype):
     """A factor's value as stored: float32 rounded to `lora_dtype`."""
-    return np.asarray(value, "float32").astype(weight_io.dtype_of(lora_dtype))
+    return np.asarray(value, "float32").astype(checkpoint.dtype_of(lora_dtype))
 
 
 @contextlib.contextmanager
@@ -157,7 +158,7 @@ def _base_from_artifact(base, target, dtype):
         values = dict(enumerate(v for _, v in _raw_values(preset)))
     specs = manifest["weights"]["variables"]
     if specs:
-        restored = weight_io.restore_weights(
+        restored = checkpoint.restore_weights(
             fmt.safe_join(base, fmt.WEIGHTS_DIR),
             {p: (tuple(s["shape"]), s["dtype"]) for p, s in specs.items()},
         )

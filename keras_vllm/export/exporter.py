@@ -8,6 +8,7 @@ from keras_vllm.hub import presets
 from keras_vllm import progress
 from keras_vllm.hub import reference
 from keras_vllm import signing
+from keras_vllm.hub import checkpoint
 from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
@@ -375,7 +376,7 @@ def _write_files(
     """
     if stored:
         with progress.phase("writing weights", unit="bytes") as phase:
-            weight_io.save_weights(os.path.join(tmp, fmt.WEIGHTS_DIR), stored)
+            checkpoint.save_weights(os.path.join(tmp, fmt.WEIGHTS_DIR), stored)
             phase.advance(sum(v.nbytes for v in stored.values()))
     if config is not None:
         fmt.write_json(os.path.join(tmp, fmt.CONFIG_FILE), config)

@@ -15,7 +15,7 @@ Checked before anything is allocated (plain Python, JSON only):
   an out-of-memory error while building it).
 
 The shapes and dtypes orbax records for each array are compared with the
-manifest by the loader (`keras_vllm.hub.weights.restore_weights`), which reads
+manifest by the loader (`keras_vllm.hub.checkpoint.restore_weights`), which reads
 orbax's own metadata before restoring.
 """
 

@@ -1,6 +1,6 @@
 """The shapes and dtypes of a weights checkpoint, without starting JAX.
 
-orbax's own metadata call (`keras_vllm.hub.weights.stored_arrays`) starts JAX's
+orbax's own metadata call (`keras_vllm.hub.checkpoint.stored_arrays`) starts JAX's
 backend; a process that must leave the accelerator to vLLM's engine (the
 API server, an engine's parent, checking an adapter before it is served)
 reads the arrays' zarr headers from the checkpoint's OCDBT store with

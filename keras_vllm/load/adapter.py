@@ -12,6 +12,7 @@ import numpy as np
 
 from keras_vllm import format as fmt
 from keras_vllm import progress
+from keras_vllm.hub import checkpoint
 from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.load import adapter_checks
@@ -153,7 +154,7 @@ def build_adapter_backbone(path, manifest, dtype=None, preset=None,
     with progress.phase("restoring the adapter", total=manifest["weights"][
             "bytes"], unit="bytes") as phase:
         # One restore of the whole tree: orbax refuses a partial one.
-        restored = weight_io.restore_weights(
+        restored = checkpoint.restore_weights(
             fmt.safe_join(path, fmt.WEIGHTS_DIR), {**specs, **factor_specs}
         )
         phase.advance(manifest["weights"]["bytes"])

@@ -11,6 +11,7 @@ from keras_vllm.hub import classes
 from keras_vllm.hub import presets
 from keras_vllm import progress
 from keras_vllm.hub import imports
+from keras_vllm.hub import checkpoint
 from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import IntegrityError
@@ -163,7 +164,7 @@ def stored_values(backbone, path, manifest, dtype=None):
         with progress.phase(
             f"restoring {mode} weights", total=weights["bytes"], unit="bytes"
         ) as phase:
-            restored = weight_io.restore_weights(
+            restored = checkpoint.restore_weights(
                 directory, specs, as_numpy=False
             )
             values = cast_values(variables, restored)

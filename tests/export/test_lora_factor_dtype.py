@@ -17,7 +17,7 @@ import pytest
 import keras_vllm
 from keras_vllm import format as fmt
 from keras_vllm.bench.prepare import dir_bytes
-from keras_vllm.hub import weights as weight_io
+from keras_vllm.hub import checkpoint
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import ExportError
 from keras_vllm.load import adapter as adapter_load
@@ -44,7 +44,7 @@ def test_bfloat16_factors_halve_the_stored_bytes(exports):
     # Same targets and ranks: the factor bytes are exactly half.
     assert legal["adapter"]["targets"] == support["adapter"]["targets"]
     assert 2 * legal["weights"]["bytes"] == support["weights"]["bytes"]
-    stored = weight_io.stored_arrays(
+    stored = checkpoint.stored_arrays(
         os.path.join(exports["paths"]["legal"], fmt.WEIGHTS_DIR)
     )
     assert {dtype for _, dtype in stored.values()} == {"bfloat16"}

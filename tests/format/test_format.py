@@ -220,6 +220,7 @@ def test_weights_are_split_into_data_files_that_read_back(
 ):
     import numpy as np
 
+    from keras_vllm.hub import checkpoint
     from keras_vllm.hub import weights as weight_io
 
     # 64 KiB files stand in for the 64 MiB ones of a real model: each array
@@ -232,7 +233,7 @@ def test_weights_are_split_into_data_files_that_read_back(
         for i in range(6)
     }
     directory = str(tmp_path / "weights")
-    weight_io.save_weights(directory, arrays)
+    checkpoint.save_weights(directory, arrays)
     data = [
         os.path.join(root, name)
         for root, _, names in os.walk(directory)
@@ -240,7 +241,7 @@ def test_weights_are_split_into_data_files_that_read_back(
         for name in names
     ]
     assert len(data) >= 3
-    restored = weight_io.restore_weights(
+    restored = checkpoint.restore_weights(
         directory, {p: (a.shape, a.dtype) for p, a in arrays.items()}
     )
     for path, array in arrays.items():

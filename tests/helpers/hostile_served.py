@@ -16,7 +16,7 @@ import shutil
 import numpy as np
 
 from keras_vllm import format as fmt
-from keras_vllm.hub import weights as weight_io
+from keras_vllm.hub import checkpoint
 
 from helpers import hostile_edits as edits
 
@@ -35,11 +35,11 @@ def rewrite_stored(d, change):
     directory = os.path.join(d, fmt.WEIGHTS_DIR)
     arrays = {
         path: np.array(value)
-        for path, value in weight_io.restore_weights(directory, specs).items()
+        for path, value in checkpoint.restore_weights(directory, specs).items()
     }
     change(arrays)
     shutil.rmtree(directory)
-    weight_io.save_weights(directory, arrays)
+    checkpoint.save_weights(directory, arrays)
     edits.rehash_files(d)
 
 

@@ -16,7 +16,7 @@ import pytest
 from keras_vllm import format as fmt
 from keras_vllm.hub import reference
 from keras_vllm import testing
-from keras_vllm.hub import weights as weight_io
+from keras_vllm.hub import checkpoint
 
 from helpers.trained_models import lora_fine_tune
 from helpers.trained_models import trained
@@ -58,7 +58,7 @@ def factors(model):
 
 
 def rounded(value, dtype="bfloat16"):
-    return value.astype(weight_io.dtype_of(dtype)).astype(np.float32)
+    return value.astype(checkpoint.dtype_of(dtype)).astype(np.float32)
 
 
 _EXPORTS = {}

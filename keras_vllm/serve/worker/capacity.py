@@ -8,7 +8,7 @@ split exactly as serving places it (`keras_vllm.serve.worker.sharding`).
 
 import numpy as np
 
-from keras_vllm.hub import weights as weight_io
+from keras_vllm.hub import checkpoint
 from keras_vllm.load import keras_loader
 from keras_vllm.load import quantized
 from keras_vllm.load import rebuild
@@ -32,7 +32,7 @@ def abstract_backbone(manifest):
 
 
 def _itemsize(dtype):
-    return np.dtype(weight_io.dtype_of(str(dtype))).itemsize
+    return np.dtype(checkpoint.dtype_of(str(dtype))).itemsize
 
 
 def padded_head_dim(head_dim):

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from keras_vllm import format as fmt
-from keras_vllm.hub import weights as weight_io
+from keras_vllm.hub import checkpoint
 from keras_vllm.errors import ServingError
 from keras_vllm.layers.common import lora_slots
 from keras_vllm.load import adapter_checks
@@ -360,7 +360,7 @@ class KerasLoraManager:
             model.backbone, manifest, model.dtype_name
         )
         factor_specs = fmt.adapter.factor_specs(manifest)
-        restored = weight_io.restore_weights(
+        restored = checkpoint.restore_weights(
             fmt.safe_join(path, fmt.WEIGHTS_DIR), {**specs, **factor_specs}
         )
         bias_deltas = {}
