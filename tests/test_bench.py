@@ -176,3 +176,22 @@ def test_kernel_table_times_every_block_setting():
         assert label in text
     for row in rows:
         assert all(row[label] > 0 for label, _ in kernel.SETTINGS)
+
+
+def test_moe_bench_shapes_and_best_of_rounds():
+    """`bench.moe`'s models put most of a step's bytes in the experts, the
+    dense comparison model has k experts' worth of intermediate, and each
+    cell keeps its fastest round."""
+    from keras_vllm.bench import moe
+
+    hidden = moe.BASE["hidden_dim"]
+    attention = 2 * hidden * hidden + 2 * hidden * hidden // 2  # q, o; k, v
+    for experts, top_k in ((8, 2), (32, 4)):
+        inner = moe.EXPERT_INTERMEDIATE[experts]
+        expert_bytes = 4 * experts * 3 * hidden * inner
+        assert expert_bytes > 150e6 and expert_bytes > 10 * 4 * attention
+    best = moe._best([
+        {"decode_c1_ms": 5.0, "prefill_tok_s": 100.0},
+        {"decode_c1_ms": 4.0, "prefill_tok_s": 90.0},
+    ])
+    assert best == {"decode_c1_ms": 4.0, "prefill_tok_s": 100.0}

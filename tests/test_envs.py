@@ -27,6 +27,7 @@ def test_defaults_when_unset_or_empty(monkeypatch):
         envs.PROGRESS.get: "auto",
         envs.ENGINE_PROGRESS.get: None,
         envs.MAX_PARAMETERS.get: 1 << 34,
+        envs.MOE_EXPERTS.get: "routed",
     }
     assert {read: read() for read in defaults} == defaults
     for variable in _OWN:
@@ -68,6 +69,7 @@ def test_values_are_read_at_call_time(monkeypatch):
         (envs.MAX_PARAMETERS, "0"),
         (envs.MAX_PARAMETERS, "lots"),
         (envs.MAX_PARAMETERS, "inf"),
+        (envs.MOE_EXPERTS, "sparse"),
     ],
 )
 def test_malformed_values_name_the_variable_and_what_it_accepts(

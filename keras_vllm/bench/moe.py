@@ -1,8 +1,8 @@
 """Mixture of experts served dense (KerasHub's block) and routed (top-k).
 
 ```
-python -m keras_vllm.bench.moe                    # 8 experts top-2 and 32 top-4, ~25 min here
-python -m keras_vllm.bench.moe --shapes 8x2 --new-tokens 8   # one shape
+python -m keras_vllm.bench.moe            # 8x2 and 32x4, ~20 min here
+python -m keras_vllm.bench.moe --shapes 8x2 --new-tokens 8
 ```
 
 For each shape `ExK` it builds a Mixtral-shaped model (random weights;
@@ -14,8 +14,8 @@ KerasHub computes it) and `routed` (each token's top-k experts), and the
 dense model once, one engine after another (vLLM's default multiprocess
 mode), and prints per engine: the decode step at concurrency 1 and 32
 (milliseconds per step, from the time of `1 + n` new tokens minus that of
-1, divided by n; each the fastest of 3 runs after a first that compiles) and prefill tokens/s (8 prompts of 128 tokens, one new
-token each); then routed/dense and MoE/same-active-size-dense ratios.
+1, divided by n; each the fastest of 3 runs after a first that compiles)
+and prefill tokens/s (8 prompts of 128 tokens, one new token each); then routed/dense and MoE/same-active-size-dense ratios.
 `--rounds 2` runs the engines twice in alternating order (the host is
 shared: each cell reports its fastest round).
 """

@@ -25,11 +25,8 @@ def _backbone(family, **overrides):
 
 
 def _blocks(backbone):
-    return [
-        layer
-        for layer in backbone._flatten_layers(include_self=False, recursive=True)
-        if hasattr(layer, "expert_bank")
-    ]
+    layers = backbone._flatten_layers(include_self=False, recursive=True)
+    return [layer for layer in layers if hasattr(layer, "expert_bank")]
 
 
 def _pair(family, **overrides):

@@ -17,7 +17,8 @@ same thing but XLA's CPU lowering multiplies every group by every expert
 docs/benchmarks.md, "Mixture of experts"); gathering each pair's kernels
 (`W[experts]`) copies `T * k` experts per step. On TPU, each projection
 runs as tpu-inference's grouped matmul kernel (`gmm_v2`, what its own MoE
-models use) over the same sorted rows.
+models use) over the same sorted rows, on a single device; a
+tensor-parallel TPU engine runs the XLA loop.
 
 Nothing here names a model family: the family's layer module says how
 tokens are routed and what an expert computes
@@ -133,7 +134,10 @@ def grouped_matmul_tpu(rows, counts, kernel):
     return jnp.where(grouped[:, None], out, jnp.zeros_like(out))
 
 
-def on_tpu():
-    """Whether the computation runs on TPU devices (tpu-inference's
-    grouped matmul kernel exists only there)."""
-    return jax.devices()[0].platform == "tpu"
+def tpu_kernel_fits(mesh):
+    """Whether to run tpu-inference's grouped matmul kernel: on TPU, on one
+    device (the Pallas kernel takes whole arrays; split over a mesh it needs
+    tpu-inference's `shard_map` plumbing, so there the XLA loop runs)."""
+    if jax.devices()[0].platform != "tpu":
+        return False
+    return mesh is None or mesh.size == 1

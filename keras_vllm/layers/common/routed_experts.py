@@ -112,13 +112,18 @@ class RoutedExperts:
         router_logits, weights, experts = self.route(tokens)
         context = current_context()
         num_valid = None if context is None else context.num_tokens()
-        out = self.routed_output(tokens, weights, experts, num_valid)
+        mesh = None if context is None else context.mesh
+        out = self.routed_output(
+            tokens, weights, experts, num_valid,
+            grouped_kernel=expert_groups.tpu_kernel_fits(mesh),
+        )
         shared = self.shared_expert(tokens)
         if shared is not None:
             out = out + shared
         return ops.reshape(out, shape), router_logits
 
-    def routed_output(self, tokens, weights, experts, num_valid=None):
+    def routed_output(self, tokens, weights, experts, num_valid=None,
+                      grouped_kernel=False):
         """The weighted sum of each token's routed experts, `[T, H]`.
 
         Args:
@@ -127,6 +132,8 @@ class RoutedExperts:
             experts: int `[T, k]` expert indices.
             num_valid: the real tokens among the `T` (the rest are padding
                 and computed by no expert), or None for all.
+            grouped_kernel: whether to run tpu-inference's grouped matmul
+                kernel (TPU, one device) instead of the XLA tile loop.
         """
         input_kernels, output_kernel = self.expert_kernels()
         input_kernels = [ops.convert_to_tensor(k) for k in input_kernels]
@@ -137,7 +144,7 @@ class RoutedExperts:
             experts, num_valid, num_experts
         )
         rows = ops.take(tokens, order // top_k, axis=0)
-        if expert_groups.on_tpu():
+        if grouped_kernel:
             projected = [
                 expert_groups.grouped_matmul_tpu(rows, counts, kernel)
                 for kernel in input_kernels
