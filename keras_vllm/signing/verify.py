@@ -172,8 +172,8 @@ def _signed_resources(path, bundle):
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise SignatureError(
             f"The signature of '{path}' verifies but its statement does not "
-            f"list the signed files as model-signing 1.x writes them ({e!r:.200}). "
-            "Sign the artifact with `keras-vllm sign`."
+            "list the signed files as model-signing 1.x writes them "
+            f"({e!r:.200}). Sign the artifact with `keras-vllm sign`."
         ) from None
 
 

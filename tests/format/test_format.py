@@ -49,7 +49,8 @@ def test_each_open_verifies_again(exported, tmp_path):
     assert fmt.open_artifact(path) is not first
     # Bytes rewritten after a verified open are caught by the next open.
     _rewrite_in_place(
-        os.path.join(path, fmt.GOLDEN_FILE), b"max_new_tokens", b"max_new_tokenz"
+        os.path.join(path, fmt.GOLDEN_FILE),
+        b"max_new_tokens", b"max_new_tokenz",
     )
     with pytest.raises(keras_vllm.IntegrityError, match=fmt.GOLDEN_FILE):
         fmt.open_artifact(path)
@@ -61,7 +62,8 @@ def test_json_is_checked_as_it_is_read(exported, tmp_path):
     path = _copy(exported, tmp_path)
     opened = fmt.open_artifact(path)
     _rewrite_in_place(
-        os.path.join(path, fmt.GOLDEN_FILE), b"max_new_tokens", b"max_new_tokenz"
+        os.path.join(path, fmt.GOLDEN_FILE),
+        b"max_new_tokens", b"max_new_tokenz",
     )
     with pytest.raises(keras_vllm.IntegrityError, match=fmt.GOLDEN_FILE):
         opened.read_json(fmt.GOLDEN_FILE)
@@ -210,7 +212,8 @@ def test_a_child_process_hashes_what_its_parent_verified(exported, tmp_path):
     hashed = int(_hashes_in_new_process(path, env)[-1])
     assert hashed == len(fmt.open_artifact(path).manifest["files"])
     _rewrite_in_place(
-        os.path.join(path, fmt.GOLDEN_FILE), b"max_new_tokens", b"max_new_tokenz"
+        os.path.join(path, fmt.GOLDEN_FILE),
+        b"max_new_tokens", b"max_new_tokenz",
     )
     assert _hashes_in_new_process(path, env)[0] == "IntegrityError"
 
