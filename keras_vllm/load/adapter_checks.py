@@ -170,7 +170,7 @@ def check_stored(path, manifest, base_manifest, base_path):
         ArtifactError: naming the variable, the recorded and the stored
             dtype and shape.
     """
-    from keras_vllm.hub import weights as weight_io
+    from keras_vllm.hub import checkpoint
 
     variables = manifest["weights"]["variables"]
     specs = dict(fmt.adapter.factor_specs(manifest))
@@ -178,7 +178,7 @@ def check_stored(path, manifest, base_manifest, base_path):
         {p: (tuple(s["shape"]), s["dtype"]) for p, s in variables.items()}
     )
     try:
-        weight_io.check_stored_arrays(
+        checkpoint.check_stored_arrays(
             fmt.safe_join(path, fmt.WEIGHTS_DIR), specs, without_jax=True
         )
     except ArtifactError as e:

@@ -101,7 +101,7 @@ def register():
 
     # `repr(llm)` (a notebook showing `engine.llm`) describes the model.
     model_inspection.install()
-    from keras_vllm.serve.frontend import shutdown as shutdown_aborts
+    from keras_vllm.serve.frontend import shutdown
 
     # Requests running at SIGTERM end as aborted instead of hanging.
     shutdown.install()

@@ -229,7 +229,7 @@ def test_weights_are_split_into_data_files_that_read_back(
     # 64 KiB files stand in for the 64 MiB ones of a real model: each array
     # of 96 KiB can't share a file with another, so several files are
     # written (and in parallel), and reading needs no option.
-    monkeypatch.setattr(weight_io, "_DATA_FILE_BYTES", 64 << 10)
+    monkeypatch.setattr(checkpoint, "_DATA_FILE_BYTES", 64 << 10)
     rng = np.random.default_rng(0)
     arrays = {
         f"layer_{i}/kernel": rng.standard_normal((96, 256)).astype("float32")

@@ -25,7 +25,6 @@ pytest.importorskip("tpu_inference")
 from helpers import engine_shapes  # noqa: E402
 from helpers import serving_checks  # noqa: E402
 from helpers import updated_models  # noqa: E402
-from keras_vllm.serve.engine import updates as engine_updates  # noqa: E402
 from keras_vllm.load import update_checks  # noqa: E402
 from keras_vllm import format as fmt  # noqa: E402
 from keras_vllm.hub import reference  # noqa: E402

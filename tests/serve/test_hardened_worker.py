@@ -9,7 +9,7 @@ import pytest
 from keras_vllm import format as fmt
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import ServingError
-from keras_vllm.load import lora_manager
+from keras_vllm.serve.worker import lora_manager
 
 from helpers import lora_exports
 from helpers.trained_models import trained
