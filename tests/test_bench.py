@@ -106,7 +106,7 @@ def test_transformers_export_fix(tmp_path):
 
 
 def test_cli_reaches_the_package(monkeypatch):
-    from keras_vllm.cli.commands import main as cli
+    from keras_vllm.cli import commands as cli
     from keras_vllm.bench import run
 
     seen = {}

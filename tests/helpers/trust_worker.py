@@ -34,7 +34,7 @@ def _on_alarm(signum, frame):
 
 def _reader_functions():
     import keras_vllm
-    from keras_vllm.cli.commands import main as cli
+    from keras_vllm.cli import commands as cli
     from keras_vllm.serve.tokenizer import KerasVllmTokenizer
 
     def keras(path):

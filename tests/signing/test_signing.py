@@ -478,7 +478,7 @@ EXPORT_ONLY = textwrap.dedent(
 
     import keras_vllm
     from keras_vllm import testing
-    from keras_vllm.cli.commands import main as cli
+    from keras_vllm.cli import commands as cli
 
     key, pub, out, unsigned, cases = sys.argv[1:6]
     lm = testing.build_tiny_causal_lm("gpt2")
@@ -698,7 +698,7 @@ def test_links_and_fifos_are_refused_before_hashing(artifacts, keys, tmp_path):
 def test_serve_hands_the_policy_to_vllm_serve(artifacts, keys, monkeypatch):
     """`keras-vllm serve --public-key` checks the signature, then runs
     `vllm serve` with `KERAS_VLLM_PUBLIC_KEY` (its processes check again)."""
-    from keras_vllm.cli.commands import main as cli
+    from keras_vllm.cli import commands as cli
 
     ran = {}
 
