@@ -50,10 +50,10 @@ def run(family="llama3", workdir=None, steps=100):
         golden_prompts=testing.prompts(),
     )
     manifest = fmt.open_artifact(path).manifest
-    print(
-        f"    exported {path} ({manifest['weights']['mode']} weights against "
-        f"preset {preset})"
-    )
+    mode = manifest["weights"]["mode"]
+    # Fine-tuning moved every variable: stored full, pinning no preset.
+    relation = "from" if mode == "full" else "against"
+    print(f"    exported {path} ({mode} weights, {relation} preset {preset})")
 
     _step("serving side: verify the artifact in Keras")
     loaded = keras_vllm.load_causal_lm(path)
