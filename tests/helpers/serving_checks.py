@@ -156,40 +156,27 @@ def check_default_sampling_is_the_models(
     engine, causal_lm, greedy=reference.greedy_continuation
 ):
     """The exported model is greedy, so requests without sampling params are
-    deterministic and equal greedy decoding."""
+    deterministic and equal greedy decoding, for as many new tokens as the
+    model's own `generate()` makes by default (up to its preprocessor's
+    `sequence_length` in all)."""
+    from keras_vllm.serve.engine import sampling_defaults
+
     prompts = testing.prompts()
     first = [list(o.outputs[0].token_ids) for o in engine.generate(prompts)]
     second = [list(o.outputs[0].token_ids) for o in engine.generate(prompts)]
     assert first == second
     stops = reference.default_stop_token_ids(causal_lm.preprocessor.tokenizer)
-    limit = engine.llm.get_default_sampling_params().max_tokens
-    # Greedy tokens with stop tokens are the tokens without them, cut after
-    # the first stop: the serving checks' expectations (computed once, for
-    # `NEW_TOKENS`) give them when the default limit is within those.
-    if limit is not None and limit <= NEW_TOKENS:
-        # `serving_prompts()` starts with `testing.prompts()`: one batch.
-        full = expected_batch(
-            greedy, causal_lm, _ids(causal_lm, serving_prompts()), NEW_TOKENS
-        )[: len(prompts)]
-        wants = [_cut(row, limit, stops) for row in full]
-    else:
-        wants = [
-            expected_tokens(greedy, causal_lm, ids, len(got), stops)
-            for ids, got in zip(_ids(causal_lm, prompts), first)
-        ]
+    length = sampling_defaults.generate_length(engine.manifest)
+    assert length is not None
+    wants = [
+        expected_tokens(greedy, causal_lm, ids, max(length - len(ids), 1), stops)
+        for ids in _ids(causal_lm, prompts)
+    ]
     assert first == wants
 
 
 def _ids(causal_lm, prompts):
     return [reference.prompt_token_ids(causal_lm, text) for text in prompts]
-
-
-def _cut(tokens, limit, stops):
-    """`tokens` up to `limit`, ending at the first stop token."""
-    for i, token in enumerate(tokens[:limit]):
-        if token in stops:
-            return tokens[: i + 1]
-    return tokens[:limit]
 
 
 def shutdown(engine):
