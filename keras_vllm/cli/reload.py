@@ -3,7 +3,8 @@
     keras-vllm serve ARTIFACT --enable-reload ...   adds the reload route
     keras-vllm reload URL ARTIFACT [--api-key KEY]  calls it
 
-Kept apart from `cli/commands.py` (which stays the parser and the other commands).
+Kept apart from `cli/commands.py`, which holds the parser and the other
+commands.
 """
 
 import json
