@@ -14,7 +14,8 @@ import urllib.error
 import urllib.request
 
 ENABLE_RELOAD = "--enable-reload"
-# `cli.EXIT_REFUSED` (cli/commands.py imports this module).
+# The same as `cli/commands.py`'s EXIT_REFUSED, which cannot be imported here:
+# commands.py imports this module.
 EXIT_REFUSED = 3
 
 
