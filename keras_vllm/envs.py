@@ -143,7 +143,7 @@ CPU_MEMORY_GB = Variable(
     4.0,
     "Fake HBM of the CPU host in GiB, shared by its JAX CPU devices; vLLM "
     "sizes the KV cache from it.",
-    "cpu/patches.py",
+    "cpu/memory.py",
     _positive(float),
 )
 CPU_ASYNC_SCHEDULING = Variable(
@@ -184,7 +184,7 @@ ENGINE_PROGRESS = Variable(
     "'lines'",
     None,
     "lines: vLLM's engine process prints one line per loading phase.",
-    "serve/worker/model.py; set by cli/commands.py (serve)",
+    "serve/worker/model.py; set by cli/serve.py",
     _choice("lines"),
 )
 MOE_EXPERTS = Variable(
@@ -212,7 +212,8 @@ PRESET = Variable(
     "Where a delta artifact's preset is loaded from instead of the handle "
     "its manifest records (its files must still hash to the recorded "
     "values); for plain `vllm serve`, set by `keras-vllm serve --preset`.",
-    "serve/worker/model.py; set by serve/engine/engine.py and cli/commands.py",
+    "serve/worker/model.py, serve/preflight.py, serve/frontend/reload.py; "
+    "set by serve/engine/engine.py and cli/serve.py",
 )
 PUBLIC_KEY = Variable(
     "KERAS_VLLM_PUBLIC_KEY",
@@ -222,7 +223,8 @@ PUBLIC_KEY = Variable(
     "(model.sig) by this key, checked before any other file is read; for "
     "plain `vllm serve`, set by `keras-vllm serve --public-key`.",
     "signing/policy.py (load/opening.py, serve/frontend/refusals.py, the tokenizer "
-    "adapter, serve/worker/model.py); set by serve/engine/engine.py and cli/commands.py",
+    "adapter, serve/worker/model.py, serve/frontend/reload.py); set by "
+    "serve/engine/engine.py and cli/serve.py",
 )
 ENGINE_START = Variable(
     "KERAS_VLLM_ENGINE_START",
@@ -346,7 +348,7 @@ ENABLE_V1_MULTIPROCESSING = Variable(
     True,
     "vLLM's: 0 runs the engine in the calling process (its JAX devices are "
     "then the caller's).",
-    "cpu/patches.py",
+    "cpu/patches.py, serve/process/start.py",
     parse=_flag,
 )
 

@@ -3,7 +3,8 @@
     keras-vllm serve ARTIFACT --enable-reload ...   adds the reload route
     keras-vllm reload URL ARTIFACT [--api-key KEY]  calls it
 
-Kept apart from `cli/commands.py` (which stays the parser and the other commands).
+Kept apart from `cli/commands.py`, which holds the parser and the other
+commands.
 """
 
 import json
@@ -13,7 +14,8 @@ import urllib.error
 import urllib.request
 
 ENABLE_RELOAD = "--enable-reload"
-# `cli.EXIT_REFUSED` (cli/commands.py imports this module).
+# The same as `cli/commands.py`'s EXIT_REFUSED, which cannot be imported here:
+# commands.py imports this module.
 EXIT_REFUSED = 3
 
 

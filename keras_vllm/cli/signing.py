@@ -3,7 +3,8 @@
     keras-vllm sign ARTIFACT --key KEY [--certificate CERT [--chain PEM]]
     --public-key PUB / --certificate-chain PEM    on verify, inspect, serve
 
-Kept apart from `cli/commands.py` (which stays the parser and the other commands).
+Kept apart from `cli/commands.py`, which holds the parser and the other
+commands.
 """
 
 

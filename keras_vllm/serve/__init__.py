@@ -7,7 +7,8 @@
   `vllm serve DIR`.
 - `process/`: how vLLM's engine process starts from a process running JAX.
 - `frontend/`: in vLLM's front end (`LLM`, the API server): refusals,
-  the reload route, sampling checks, shutdown.
+  request checks (sampling, modalities), the reload and adapter routes,
+  shutdown.
 - `worker/`: in vLLM's worker: the tpu-inference model class and what its
   runner needs (sharding, LoRA slots, warm start, runner fixes).
 - `tokenizer/`: the `keras_vllm` tokenizer mode (front end and structured

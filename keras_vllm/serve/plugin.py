@@ -5,8 +5,9 @@
   on a TPU it returns None and vLLM's own detection runs.
 - `register` (`vllm.general_plugins`): runs in every vLLM process; it
   registers the `keras_vllm` config type, the `KerasVllmForCausalLM`
-  architecture and the `keras_vllm` tokenizer mode, and applies the CPU
-  backend's patches where there is no TPU.
+  architecture and the `keras_vllm` tokenizer mode, applies the CPU
+  backend's patches where there is no TPU, and installs the front-end
+  checks and runner fixes (`serve/frontend/`, `serve/worker/`).
 
 Every upstream function replaced in a vLLM process is replaced from
 `register`, in the order below, through `keras_vllm.patching` (which checks

@@ -6,7 +6,7 @@ the tiny llama's artifact. The new weights are the same model fine-tuned
 further on other token sequences, exported to a second directory. Exports go
 through the same worker method in vLLM's default multiprocess mode (plain
 values over `collective_rpc`), where a live model is exported to a temporary
-artifact first (tests/test_engine_in_use.py). The
+artifact first (tests/serve/test_engine_in_use.py). The
 same engine also shows two request checks that need an engine but no
 update (refused sampling parameters, structured outputs over a
 SentencePiece tokenizer).

@@ -6,4 +6,6 @@
 - `rotary_attention`, `gemma_attention`, `alibi_attention`: mixins holding
   the math families share.
 - `lora_slots`: LoRA slots of served projections.
+- `routed_experts`, `expert_groups`: mixture-of-experts blocks computing
+  each token's top-k experts only.
 """

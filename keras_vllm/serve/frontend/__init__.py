@@ -4,4 +4,6 @@
 - `reload`: `POST /v1/keras_vllm/reload` (`--enable-reload`).
 - `sampling`: sampling parameters tpu-inference would ignore, refused.
 - `shutdown`: requests still running at shutdown end as aborted.
+- `adapters`: adapter loads (`--enable-lora`) checked before vLLM's route.
+- `modality_checks`: requests with inputs the artifact does not serve.
 """

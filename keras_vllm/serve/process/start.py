@@ -273,7 +273,7 @@ def forks_frozen():
     Only when vLLM forks the engine process from this one (its default,
     without a JAX runtime here): an in-process engine freezes the heap
     itself, and a spawned or fork-server child does not share this heap
-    (the fork server freezes its own, `engine_process_preload`).
+    (the fork server freezes its own, `serve/process/preload.py`).
     """
     forks = (
         envs.ENABLE_V1_MULTIPROCESSING.get()

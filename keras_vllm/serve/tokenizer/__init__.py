@@ -28,8 +28,9 @@ How vLLM drives it (0.32):
 
 Modules: `registration` (the mode and renderer entries), `vocabulary`
 (ids <-> pieces, decoding), `special_tokens` (start, end, skipped ids),
-`chat` (templates and their rendering), `adapter` (the `TokenizerLike`
-class).
+`chat` (templates and their rendering), `bounded_jinja` (rendering bounded
+in size and time), `chat_methods` (the class's chat-template methods),
+`adapter` (the `TokenizerLike` class), `grammar` (structured outputs).
 
 Nothing here runs a Keras layer's `__call__`: that initializes the JAX
 runtime, and vLLM loads the tokenizer in its front-end process *before*

@@ -7,4 +7,5 @@
 - `extension`, `weight_update`: worker RPCs (live weight updates).
 - `warm_start`, `compile_cache`: warm restarts from vLLM's compile cache.
 - `grammar_rows`, `resumed_tokens`: fixes to tpu-inference 0.32's runner.
+- `model_inspection`: `repr(llm)` of an engine serving an artifact.
 """
