@@ -130,67 +130,51 @@ class Variable:
 
 # keras-vllm's own variables.
 DEVICE = Variable(
-    "KERAS_VLLM_DEVICE",
-    "'cpu' or 'tpu'",
-    None,
+    "KERAS_VLLM_DEVICE", "'cpu' or 'tpu'", None,
     "Forces the CPU backend on (cpu) or off (tpu); unset detects a TPU.",
     "cpu/detect.py",
     _choice("cpu", "tpu"),
 )
 CPU_MEMORY_GB = Variable(
-    "KERAS_VLLM_CPU_MEMORY_GB",
-    "a positive number",
-    4.0,
+    "KERAS_VLLM_CPU_MEMORY_GB", "a positive number", 4.0,
     "Fake HBM of the CPU host in GiB, shared by its JAX CPU devices; vLLM "
     "sizes the KV cache from it.",
     "cpu/memory.py",
     _positive(float),
 )
 CPU_ASYNC_SCHEDULING = Variable(
-    "KERAS_VLLM_CPU_ASYNC_SCHEDULING",
-    "1/true/yes/on or 0/false/no/off",
-    True,
+    "KERAS_VLLM_CPU_ASYNC_SCHEDULING", "1/true/yes/on or 0/false/no/off", True,
     "0 turns vLLM's async scheduling off on CPU (default: vLLM's choice).",
     "cpu/patches.py",
     _flag,
 )
 LAZY_WARM_START = Variable(
-    "KERAS_VLLM_LAZY_WARM_START",
-    "1/true/yes/on or 0/false/no/off",
-    True,
+    "KERAS_VLLM_LAZY_WARM_START", "1/true/yes/on or 0/false/no/off", True,
     "0 precompiles every program at each start, also when the compile "
     "cache holds them all (default: such a start loads them on use).",
     "serve/worker/warm_start.py",
     _flag,
 )
 VERBOSE = Variable(
-    "KERAS_VLLM_VERBOSE",
-    "1/true/yes/on or 0/false/no/off",
-    False,
+    "KERAS_VLLM_VERBOSE", "1/true/yes/on or 0/false/no/off", False,
     "1 shows vLLM's full log, false alarms and keras-vllm's INFO lines.",
     "logs.py, serve/engine/engine.py; set by cli/commands.py (-v)",
     _flag,
 )
 PROGRESS = Variable(
-    "KERAS_VLLM_PROGRESS",
-    "'auto', 'lines', 1 or 0",
-    "auto",
+    "KERAS_VLLM_PROGRESS", "'auto', 'lines', 1 or 0", "auto",
     "The default `verbose` of progress lines (see keras_vllm/progress.py).",
     "progress.py",
     _progress,
 )
 ENGINE_PROGRESS = Variable(
-    "KERAS_VLLM_ENGINE_PROGRESS",
-    "'lines'",
-    None,
+    "KERAS_VLLM_ENGINE_PROGRESS", "'lines'", None,
     "lines: vLLM's engine process prints one line per loading phase.",
     "serve/worker/model.py; set by cli/serve.py",
     _choice("lines"),
 )
 MOE_EXPERTS = Variable(
-    "KERAS_VLLM_MOE_EXPERTS",
-    "'routed' or 'dense'",
-    "routed",
+    "KERAS_VLLM_MOE_EXPERTS", "'routed' or 'dense'", "routed",
     "dense serves mixture-of-experts blocks as KerasHub computes them "
     "(every expert for every token), for comparison; routed computes each "
     "token's top-k experts only.",
@@ -198,17 +182,13 @@ MOE_EXPERTS = Variable(
     _choice("routed", "dense"),
 )
 MAX_PARAMETERS = Variable(
-    "KERAS_VLLM_MAX_PARAMETERS",
-    "a positive integer (1e10 is fine)",
-    1 << 34,
+    "KERAS_VLLM_MAX_PARAMETERS", "a positive integer (1e10 is fine)", 1 << 34,
     "The largest backbone (parameters estimated from its config) loaded.",
     "format/configs.py",
     _positive(int),
 )
 PRESET = Variable(
-    "KERAS_VLLM_PRESET",
-    "a preset handle or local preset directory",
-    None,
+    "KERAS_VLLM_PRESET", "a preset handle or local preset directory", None,
     "Where a delta artifact's preset is loaded from instead of the handle "
     "its manifest records (its files must still hash to the recorded "
     "values); for plain `vllm serve`, set by `keras-vllm serve --preset`.",
@@ -227,27 +207,21 @@ PUBLIC_KEY = Variable(
     "serve/engine/engine.py and cli/serve.py",
 )
 ENGINE_START = Variable(
-    "KERAS_VLLM_ENGINE_START",
-    "'forkserver' or 'spawn'",
-    "forkserver",
+    "KERAS_VLLM_ENGINE_START", "'forkserver' or 'spawn'", "forkserver",
     "How vLLM's engine process starts when JAX already runs in the caller: "
     "forked from a fork server that imported vLLM once, or spawned fresh.",
     "serve/process/start.py",
     _choice("forkserver", "spawn"),
 )
 SERVING_TENSORFLOW = Variable(
-    "KERAS_VLLM_SERVING_TENSORFLOW",
-    "1/true/yes/on or 0/false/no/off",
-    False,
+    "KERAS_VLLM_SERVING_TENSORFLOW", "1/true/yes/on or 0/false/no/off", False,
     "1 lets keras-hub import TensorFlow in serving processes too (default: "
     "a serving process that imports keras-hub first does it without).",
     "hub/imports.py",
     _flag,
 )
 UNAPPLIED_SAMPLING = Variable(
-    "KERAS_VLLM_UNAPPLIED_SAMPLING",
-    "'refuse' or 'ignore'",
-    "refuse",
+    "KERAS_VLLM_UNAPPLIED_SAMPLING", "'refuse' or 'ignore'", "refuse",
     "What a keras-vllm engine does with a request that sets a sampling "
     "parameter vLLM's TPU backend does not apply (penalties, min_p, "
     "logit_bias, bad_words): refuse it, or serve it without the parameter.",
@@ -256,72 +230,52 @@ UNAPPLIED_SAMPLING = Variable(
 )
 # Other tools' variables that keras-vllm reads or sets a default for.
 JAX_PLATFORMS = Variable(
-    "JAX_PLATFORMS",
-    "JAX's platform list",
-    None,
+    "JAX_PLATFORMS", "JAX's platform list", None,
     "cpu: the CPU backend, tpu/proxy: the TPU; set where JAX has no TPU/GPU.",
     "cpu/detect.py, cpu/devices.py, _env.py",
 )
 TPU_USING_PATHWAYS = Variable(
-    "VLLM_TPU_USING_PATHWAYS",
-    "vLLM's flag",
-    None,
+    "VLLM_TPU_USING_PATHWAYS", "vLLM's flag", None,
     "Set (not 0/false): remote TPUs through Pathways, not the CPU backend.",
     "cpu/detect.py",
 )
 TPU_ACCELERATOR_TYPE = Variable(
-    "TPU_ACCELERATOR_TYPE",
-    "any value",
-    None,
+    "TPU_ACCELERATOR_TYPE", "any value", None,
     "Set on Cloud TPU VMs and GKE TPU pods: a TPU host.",
     "cpu/detect.py",
 )
 CI = Variable(
-    "CI",
-    "any value",
-    None,
+    "CI", "any value", None,
     "Set: progress lines are not drawn with verbose='auto'.",
     "progress.py",
 )
 TERM = Variable(
-    "TERM",
-    "the terminal type",
-    None,
+    "TERM", "the terminal type", None,
     "dumb: progress lines are not drawn with verbose='auto'.",
     "progress.py",
 )
 KERAS_BACKEND = Variable(
-    "KERAS_BACKEND",
-    "Keras' backend name",
-    "jax",
+    "KERAS_BACKEND", "Keras' backend name", "jax",
     "Defaulted to jax before Keras is imported.",
     "_env.py, serve/plugin.py, testing/",
 )
 KERAS_NNX_ENABLED = Variable(
-    "KERAS_NNX_ENABLED",
-    "Keras' flag",
-    "true",
+    "KERAS_NNX_ENABLED", "Keras' flag", "true",
     "Defaulted to true before Keras is imported.",
     "_env.py, testing/",
 )
 WORKER_MULTIPROC_METHOD = Variable(
-    "VLLM_WORKER_MULTIPROC_METHOD",
-    "fork or spawn",
-    None,
+    "VLLM_WORKER_MULTIPROC_METHOD", "fork or spawn", None,
     "Set to spawn when JAX already runs in the process starting an engine.",
     "serve/process/start.py",
 )
 LOGGING_LEVEL = Variable(
-    "VLLM_LOGGING_LEVEL",
-    "a logging level",
-    None,
+    "VLLM_LOGGING_LEVEL", "a logging level", None,
     "Set to WARNING for quiet serving unless the user set it.",
     "logs.py",
 )
 TRANSFORMERS_VERBOSITY = Variable(
-    "TRANSFORMERS_VERBOSITY",
-    "a transformers verbosity",
-    None,
+    "TRANSFORMERS_VERBOSITY", "a transformers verbosity", None,
     "Set to error for quiet serving unless the user set it.",
     "logs.py",
 )
@@ -335,9 +289,7 @@ RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY = Variable(
     "serve/plugin.py",
 )
 XLA_FLAGS = Variable(
-    "XLA_FLAGS",
-    "XLA's flags",
-    None,
+    "XLA_FLAGS", "XLA's flags", None,
     "On a CPU host, --xla_force_host_platform_device_count is raised to the "
     "devices a tensor-parallel engine needs before its process starts JAX.",
     "cpu/devices.py",
@@ -353,34 +305,26 @@ ENABLE_V1_MULTIPROCESSING = Variable(
 )
 
 COMPILATION_CACHE_DIR = Variable(
-    "JAX_COMPILATION_CACHE_DIR",
-    "a directory",
-    None,
+    "JAX_COMPILATION_CACHE_DIR", "a directory", None,
     "JAX's: where compiled programs are cached; keras-vllm sets vLLM's "
     "VLLM_XLA_CACHE_PATH in vLLM's processes unless this is set.",
     "serve/worker/compile_cache.py",
 )
 PERSISTENT_CACHE_MIN_COMPILE_TIME = Variable(
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-    "seconds",
-    None,
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "seconds", None,
     "JAX's: programs compiling faster are not cached (JAX's default 1 s); "
     "keras-vllm sets 0 in vLLM's processes unless this is set.",
     "serve/worker/compile_cache.py",
 )
 
 TF_ENABLE_ONEDNN_OPTS = Variable(
-    "TF_ENABLE_ONEDNN_OPTS",
-    "TensorFlow's flag",
-    None,
+    "TF_ENABLE_ONEDNN_OPTS", "TensorFlow's flag", None,
     "Defaulted to 0 unless verbose: TensorFlow (imported by keras-hub for "
     "tokenizers only) then skips its oneDNN and absl start-up lines.",
     "_env.py",
 )
 TF_CPP_MIN_LOG_LEVEL = Variable(
-    "TF_CPP_MIN_LOG_LEVEL",
-    "0-3",
-    None,
+    "TF_CPP_MIN_LOG_LEVEL", "0-3", None,
     "Defaulted to 1 unless verbose (as JAX does): no TensorFlow INFO lines.",
     "_env.py",
 )
