@@ -98,10 +98,6 @@ def register():
 
     # A request back from preemption continues from its real tokens.
     resumed_tokens.install()
-    from keras_vllm.serve.worker import model_inspection
-
-    # `repr(llm)` (a notebook showing `engine.llm`) describes the model.
-    model_inspection.install()
     from keras_vllm.serve.frontend import shutdown
 
     # Requests running at SIGTERM end as aborted instead of hanging.

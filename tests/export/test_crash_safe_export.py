@@ -67,7 +67,7 @@ import keras_vllm
 import keras, keras_hub
 from keras_vllm import format as fmt
 from keras_vllm.hub import reference
-from keras_vllm.hub import weights as weight_io
+from keras_vllm.hub import checkpoint
 from keras_vllm.export import sections, staging
 from keras_vllm.serve.process.start import jax_started as _jax_started
 assert not _jax_started()
@@ -105,11 +105,11 @@ def install(point):
     elif point == "tokenizer_written":
         hook(sections, "tokenizer_section", point, "after")
     elif point == "weights_start":
-        hook(weight_io, "save_weights", point)
+        hook(checkpoint, "save_weights", point)
     elif point == "weights_mid":
-        hook(weight_io, "save_weights", point, "during")
+        hook(checkpoint, "save_weights", point, "during")
     elif point == "weights_done":
-        hook(weight_io, "save_weights", point, "after")
+        hook(checkpoint, "save_weights", point, "after")
     elif point == "config_written":
         hook(fmt, "write_json", point, "after",
              is_file(fmt.GENERATION_CONFIG_FILE))
@@ -395,7 +395,7 @@ def test_full_disk_keeps_old_artifact(tmp_path):
 
 def test_full_disk_simulated(tmp_path, monkeypatch):
     """ENOSPC raised from inside the weight writer (no mount needed)."""
-    from keras_vllm.hub import weights as weight_io
+    from keras_vllm.hub import checkpoint
 
     target = _export_old(str(tmp_path / "artifact"))
     old = _fingerprint(target)
@@ -406,7 +406,7 @@ def test_full_disk_simulated(tmp_path, monkeypatch):
             f.write(b"\0" * 100)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), directory)
 
-    monkeypatch.setattr(weight_io, "save_weights", full)
+    monkeypatch.setattr(checkpoint, "save_weights", full)
     with pytest.raises(keras_vllm.ExportError, match="No space left"):
         tiny_llama().export_vllm(target, overwrite=True, weights="full")
     assert _fingerprint(target) == old

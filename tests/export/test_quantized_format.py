@@ -17,6 +17,7 @@ from helpers.trained_models import trained_copy
 from keras_vllm import format as fmt
 from keras_vllm.cli import inspect_artifact
 from keras_vllm import testing
+from keras_vllm.hub import checkpoint
 from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import UnsupportedModelError
@@ -230,7 +231,7 @@ def test_hostile_quantization_fields_are_refused_early(
         raise AssertionError(f"a hostile artifact reached {stage}")
 
     stage = "restore_weights" if case == "scale_shape" else "construct"
-    owner = weight_io if case == "scale_shape" else rebuild
+    owner = checkpoint if case == "scale_shape" else rebuild
     monkeypatch.setattr(owner, stage, reached)
     with pytest.raises(ArtifactError, match=message):
         keras_vllm.load_causal_lm(path)

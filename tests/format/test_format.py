@@ -224,7 +224,6 @@ def test_weights_are_split_into_data_files_that_read_back(
     import numpy as np
 
     from keras_vllm.hub import checkpoint
-    from keras_vllm.hub import weights as weight_io
 
     # 64 KiB files stand in for the 64 MiB ones of a real model: each array
     # of 96 KiB can't share a file with another, so several files are

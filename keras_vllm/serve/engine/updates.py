@@ -131,14 +131,15 @@ def update_weights(engine, source):
             )[0]
             engine.path, engine.manifest = path, manifest
             engine.artifact_hash = digest
-        elif _is_in_process(llm):
-            values = live_model_values(engine, source)
-            llm.reset_prefix_cache()
-            result = llm.collective_rpc(
-                "keras_vllm_update_from_values", args=(values,)
-            )[0]
         else:
-            result = _update_from_live_export(engine, source)
+            if _is_in_process(llm):
+                values = live_model_values(engine, source)
+                llm.reset_prefix_cache()
+                result = llm.collective_rpc(
+                    "keras_vllm_update_from_values", args=(values,)
+                )[0]
+            else:
+                result = _update_from_live_export(engine, source)
             engine.artifact_hash = None
             engine._live_updates += 1
         label_weights(engine)

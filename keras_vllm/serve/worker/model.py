@@ -25,6 +25,7 @@ from keras_vllm.load.text_decoder import served_backbone
 from keras_vllm.serve.worker.adapter_slots import install_adapter_slots
 from keras_vllm.serve.worker.adapter_slots import token_slots
 from keras_vllm.serve.worker.sharding import shard_backbone
+from keras_vllm.serve.worker import model_inspection
 from keras_vllm.serve.worker.warm_start import register_model
 
 logger = logging.getLogger("keras_vllm")
@@ -72,6 +73,10 @@ class KerasVllmForCausalLM(nnx.Module):
         self.attention_layers = len(swap_in_paged_layers(backbone))
         self.manifest = manifest
         register_model(self.vllm_config, manifest)
+        # `repr(llm)` (a notebook showing `engine.llm`) describes the model.
+        # Installed here, in the worker: importing tpu-inference's worker
+        # module from the plugin would start JAX before vLLM forks.
+        model_inspection.install()
         self.lora_layers = install_adapter_slots(
             backbone, self.vllm_config.lora_config, self.dtype_name
         )

@@ -13,7 +13,8 @@ from keras_vllm import patching
 
 def install():
     """Rebinds tpu-inference's `TPUWorker.get_model_inspection` (idempotent;
-    keras-vllm's vLLM plugin calls it in every vLLM process)."""
+    the served model calls it when it loads, in the worker's process, where
+    tpu-inference's worker module is imported already)."""
     from tpu_inference.worker.tpu_worker import TPUWorker
 
     patching.replace(TPUWorker, "get_model_inspection", _describing_ours)
