@@ -66,6 +66,7 @@ register_chat_template(
     tokens=("<start_of_turn>", "<end_of_turn>"),
 )
 
+
 @register_text_decoder(Gemma3Backbone)
 def gemma3_text_decoder(config):
     """Gemma 3 without its vision encoder: the same decoder layers, names

@@ -45,6 +45,7 @@ class PagedMixtralAttention(CachedMixtralAttention, RotaryPagedAttention):
 # Mixtral's instruct preset chats as Mistral's.
 register_chat_template("MixtralTokenizer", MISTRAL_CHAT_TEMPLATE)
 
+
 @register_paged(MixtralSparseMoeBlock)
 class RoutedMixtralSparseMoeBlock(MixtralSparseMoeBlock, RoutedExperts):
     """`MixtralSparseMoeBlock` computing each token's top-k experts only."""

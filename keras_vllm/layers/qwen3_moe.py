@@ -24,11 +24,10 @@ from keras_vllm.layers.common.base import PagedAttention
 from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 from keras_vllm.layers.common.routed_experts import RoutedExperts
-from keras_vllm.layers.common.routed_experts import softmax_top_k
 from keras_vllm.layers.qwen import CHATML_TOKENS
 from keras_vllm.layers.qwen import CHATML_TURNS
 from keras_vllm.layers.qwen3 import PagedQwen3Attention
-from keras_vllm.layers.qwen_moe import fused_swiglu
+from keras_vllm.layers.qwen_moe import QwenRoutedExperts
 
 
 @register_paged(Qwen3MoeAttention)
@@ -46,25 +45,10 @@ class PagedQwen3MoeAttention(Qwen3MoeAttention, PagedAttention):
 # Its instruct presets chat in ChatML, without Qwen 2.5's default system.
 register_chat_template("Qwen3MoeTokenizer", CHATML_TURNS, tokens=CHATML_TOKENS)
 
+
 @register_paged(Qwen3SparseMoeBlock)
-class RoutedQwen3SparseMoeBlock(Qwen3SparseMoeBlock, RoutedExperts):
-    """`Qwen3SparseMoeBlock` computing each token's top-k experts only."""
+class RoutedQwen3SparseMoeBlock(Qwen3SparseMoeBlock, QwenRoutedExperts):
+    """`Qwen3SparseMoeBlock` computing each token's top-k experts only (the
+    Qwen MoE router and experts, without a shared expert)."""
 
     call = RoutedExperts.call
-
-    def route(self, tokens):
-        logits = self._sparse_feedforward_gate_dense(tokens)
-        weights, experts = softmax_top_k(
-            logits, self.top_k, renormalize=self.norm_top_k_prob
-        )
-        return logits, weights, experts
-
-    def expert_kernels(self):
-        bank = self.expert_bank
-        return (
-            (bank._expert_feedforward_gate_dense,),
-            bank._expert_feedforward_output_dense,
-        )
-
-    def expert_hidden(self, gate_up):
-        return fused_swiglu(self.expert_bank, gate_up)

@@ -47,20 +47,16 @@ class PagedQwenMoeAttention(QwenMoeAttention, RotaryPagedAttention):
             sliding_window=window,
         )
 
+
 # Its instruct presets chat in ChatML, without Qwen 2.5's default system.
 register_chat_template("QwenMoeTokenizer", CHATML_TURNS, tokens=CHATML_TOKENS)
 
-def fused_swiglu(bank, gate_up):
-    """A Qwen MoE expert's activation: its fused `[gate, up]` projection
-    split in two, `up * silu(gate)` (KerasHub's `QwenMoeExperts`; Qwen 3
-    MoE's experts compute the same)."""
-    gate, up = ops.split(gate_up, 2, axis=-1)
-    return up * bank.activation(gate)
 
-
-@register_paged(QwenSparseMoeBlock)
-class RoutedQwenSparseMoeBlock(QwenSparseMoeBlock, RoutedExperts):
-    """`QwenSparseMoeBlock` computing each token's top-k experts only."""
+class QwenRoutedExperts(RoutedExperts):
+    """Qwen MoE's router and experts, as KerasHub's `QwenSparseMoeBlock`
+    computes them (Qwen 3 MoE's block computes the same): softmax, top-k,
+    renormalised when `norm_top_k_prob`; each expert a SwiGLU over one
+    fused `[gate, up]` kernel."""
 
     call = RoutedExperts.call
 
@@ -79,7 +75,15 @@ class RoutedQwenSparseMoeBlock(QwenSparseMoeBlock, RoutedExperts):
         )
 
     def expert_hidden(self, gate_up):
-        return fused_swiglu(self.expert_bank, gate_up)
+        gate, up = ops.split(gate_up, 2, axis=-1)
+        return up * self.expert_bank.activation(gate)
+
+
+@register_paged(QwenSparseMoeBlock)
+class RoutedQwenSparseMoeBlock(QwenSparseMoeBlock, QwenRoutedExperts):
+    """`QwenSparseMoeBlock` computing each token's top-k experts only."""
+
+    call = RoutedExperts.call
 
     def shared_expert(self, tokens):
         gate = ops.sigmoid(self.shared_expert_gate_dense(tokens))
