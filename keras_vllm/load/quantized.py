@@ -48,31 +48,25 @@ def _quantizable(layer):
 
 def check_rebuilt(backbone, manifest):
     """The rebuilt backbone quantizes exactly the recorded layers, each one
-    of a class Keras can quantize. Paths are matched as the weights are
-    (`weights.PathIndex`): a layer Keras numbered itself
-    (`mixtral_sparse_moe_block_21`) has another number in another
-    process."""
+    of a class Keras can quantize."""
     layers = fmt.quantization.quantized_layers(manifest)
     built = weight_io.quantized_layers(backbone)
-    index = weight_io.PathIndex(built.items())
     for path in layers:
-        layer = index.get(path)
-        if layer is None:
+        if path not in built:
             raise ArtifactError(
                 f"The artifact's 'quantization.layers' names '{path}', which "
                 "the rebuilt backbone has no quantizable layer at. The "
                 "manifest was altered or written for another model; "
                 "re-export it."
             )
-        if not _quantizable(layer):
+        if not _quantizable(built[path]):
             raise ArtifactError(
                 f"The artifact's 'quantization.layers' names '{path}', a "
-                f"{type(layer).__name__}, which Keras does not quantize "
+                f"{type(built[path]).__name__}, which Keras does not quantize "
                 "(only its Dense, EinsumDense and Embedding layers). The "
                 "manifest was altered; re-export the model."
             )
-    recorded = weight_io.PathIndex((path, path) for path in layers)
-    extra = sorted(path for path in built if recorded.get(path) is None)
+    extra = sorted(set(built) - set(layers))
     if extra:
         raise ArtifactError(
             f"The rebuilt backbone quantizes '{extra[0]}', which the "
