@@ -6,7 +6,14 @@ built with a `DTypePolicyMap` of exactly those policies, so Keras creates
 the same low-precision variables and runs its own quantized computation;
 the values then come from the artifact (and, in a delta export, the float
 variables of unquantized layers from the preset).
+
+A layer built without a name is numbered by how many of its class the
+process built before (`mixtral_sparse_moe_block_21`), so the recorded paths
+of such layers need not be the rebuilt ones: they are matched with that
+number ignored (`_loose_path`), one recorded layer to one rebuilt layer.
 """
+
+import re
 
 from keras_vllm import format as fmt
 from keras_vllm.hub import weights as weight_io
@@ -27,11 +34,73 @@ def policy_map(manifest, dtype):
     layers = fmt.quantization.quantized_layers(manifest)
     if not layers:
         return None
-    policies = keras.dtype_policies.DTypePolicyMap(default_policy=dtype)
+    policies = _policy_map_class()(dtype, _auto_name_bases())
     for path, name in layers.items():
         mode = name.rsplit("_from_", 1)[0]
         policies[path] = keras.dtype_policies.get(f"{mode}_from_{dtype}")
     return policies
+
+
+def _auto_name_bases():
+    """The names Keras gives layers built without one, before their number:
+    the snake-case name of every `keras.layers.Layer` subclass defined."""
+    import keras
+    from keras.src.utils.naming import to_snake_case
+
+    seen, stack = set(), [keras.layers.Layer]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            if sub not in seen:
+                seen.add(sub)
+                stack.append(sub)
+    return {to_snake_case(cls.__name__) for cls in seen}
+
+
+def _loose_path(path, bases):
+    """`path` with the number of each auto-named component dropped."""
+    parts = []
+    for part in path.split("/"):
+        base = re.sub(r"_\d+$", "", part)
+        parts.append(f"{base}_#" if base in bases else part)
+    return "/".join(parts)
+
+
+def _loose_index(paths, bases):
+    """`{loose path: path}` for the loose paths only one of `paths` has."""
+    index = {}
+    for path in paths:
+        index.setdefault(_loose_path(path, bases), []).append(path)
+    return {key: found[0] for key, found in index.items() if len(found) == 1}
+
+
+def _policy_map_class():
+    import keras
+
+    class RecordedPolicies(keras.dtype_policies.DTypePolicyMap):
+        """A `DTypePolicyMap` that also finds a recorded layer under
+        another auto-number (Keras looks policies up by `layer.path`, at
+        every use, so the loose index is built once)."""
+
+        def __init__(self, default_policy, bases):
+            super().__init__(default_policy=default_policy)
+            self._bases = bases
+            self._loose = None
+
+        def __setitem__(self, key, policy):
+            super().__setitem__(key, policy)
+            self._loose = None
+
+        def __getitem__(self, key):
+            if key in self._policy_map:
+                return self._policy_map[key]
+            if self._loose is None:
+                self._loose = _loose_index(self._policy_map, self._bases)
+            found = self._loose.get(_loose_path(key, self._bases))
+            if found is None:
+                return self.default_policy
+            return self._policy_map[found]
+
+    return RecordedPolicies
 
 
 def _quantizable(layer):
@@ -49,9 +118,19 @@ def _quantizable(layer):
 def check_rebuilt(backbone, manifest):
     """The rebuilt backbone quantizes exactly the recorded layers, each one
     of a class Keras can quantize."""
-    layers = fmt.quantization.quantized_layers(manifest)
-    built = weight_io.quantized_layers(backbone)
-    for path in layers:
+    recorded = fmt.quantization.quantized_layers(manifest)
+    quantized = weight_io.quantized_layers(backbone)
+    bases = _auto_name_bases()
+    loose = _loose_index(quantized, bases)
+    built, layers = {}, set()
+    for path in recorded:
+        found = path if path in quantized else loose.get(
+            _loose_path(path, bases)
+        )
+        if found is not None:
+            built[path] = quantized[found]
+            layers.add(found)
+    for path in recorded:
         if path not in built:
             raise ArtifactError(
                 f"The artifact's 'quantization.layers' names '{path}', which "
@@ -66,7 +145,7 @@ def check_rebuilt(backbone, manifest):
                 "(only its Dense, EinsumDense and Embedding layers). The "
                 "manifest was altered; re-export the model."
             )
-    extra = sorted(set(built) - set(layers))
+    extra = sorted(set(quantized) - layers)
     if extra:
         raise ArtifactError(
             f"The rebuilt backbone quantizes '{extra[0]}', which the "
@@ -103,7 +182,7 @@ def mark_calibrated(backbone):
             layer.is_awq_calibrated = True
 
 
-def fill_from_preset(backbone, manifest, preset_backbone, stored):
+def fill_from_preset(backbone, preset_backbone, stored):
     """Copies the preset's values into the unquantized, unstored variables.
 
     A delta export of a quantized model stores every variable of its
@@ -111,12 +190,12 @@ def fill_from_preset(backbone, manifest, preset_backbone, stored):
     path (`weights.PathIndex`, the same matching the export used).
 
     Args:
-        backbone: the quantized backbone, built from the artifact's config.
-        manifest: its validated manifest.
+        backbone: the quantized backbone, built from the artifact's config
+            (its quantized layers are the recorded ones: `check_rebuilt`).
         preset_backbone: the float backbone loaded from the preset.
         stored: ids of the variables the artifact stores.
     """
-    layers = fmt.quantization.quantized_layers(manifest)
+    layers = weight_io.quantized_layers(backbone)
     base = weight_io.PathIndex(
         (v.path, v) for v in weight_io.ordered_variables(preset_backbone)
     )
@@ -138,7 +217,7 @@ def fill_from_preset(backbone, manifest, preset_backbone, stored):
         variable.assign(found.value)
 
 
-def check_values(manifest, values):
+def check_values(backbone, values):
     """Refuses scale tensors a quantized layer could not compute with.
 
     Keras writes every scale finite and non-zero (its quantizers add an
@@ -146,7 +225,8 @@ def check_values(manifest, values):
     zero or non-finite one would give non-finite logits at the first call.
 
     Args:
-        manifest: the validated manifest.
+        backbone: the backbone built from the artifact (its quantized
+            layers are the recorded ones: `check_rebuilt`).
         values: `[(variable, value)]` about to be assigned.
 
     Raises:
@@ -154,7 +234,7 @@ def check_values(manifest, values):
     """
     import numpy as np
 
-    layers = fmt.quantization.quantized_layers(manifest)
+    layers = weight_io.quantized_layers(backbone)
     if not layers:
         return
     for variable, value in values:

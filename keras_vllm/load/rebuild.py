@@ -130,7 +130,7 @@ def build_model_backbone(path, manifest, dtype=None, preset=None):
     uninitialized.assign_values(backbone, values)
     if preset_backbone is not None:
         quantized.fill_from_preset(
-            backbone, manifest, preset_backbone, {id(v) for v, _ in values}
+            backbone, preset_backbone, {id(v) for v, _ in values}
         )
     if policies is not None:
         quantized.mark_calibrated(backbone)
@@ -168,7 +168,7 @@ def stored_values(backbone, path, manifest, dtype=None):
                 directory, specs, as_numpy=False
             )
             values = cast_values(variables, restored)
-            quantized.check_values(manifest, values)
+            quantized.check_values(backbone, values)
             phase.advance(sum(v.nbytes for _, v in values))
             return values
     return []

@@ -235,3 +235,23 @@ def test_hostile_quantization_fields_are_refused_early(
     monkeypatch.setattr(owner, stage, reached)
     with pytest.raises(ArtifactError, match=message):
         keras_vllm.load_causal_lm(path)
+
+
+def test_auto_numbered_quantized_layers_load_in_another_numbering(tmp_path):
+    # Mixtral's MoE block is built without a name: Keras numbers it by how
+    # many the process built before, so the exporting process and the
+    # loading one number it differently. Its quantized router must still be
+    # found (it used to be refused as "no quantizable layer at ...").
+    testing.build_tiny_causal_lm("mixtral")  # advances the numbering
+    model = testing.build_tiny_causal_lm("mixtral")
+    model.backbone.quantize("int8")
+    path = _export(model, tmp_path / "mixtral")
+    recorded = _manifest(path)["quantization"]["layers"]
+    loaded = keras_vllm.load_causal_lm(path)
+    rebuilt = weight_io.quantized_layers(loaded.backbone)
+    assert len(rebuilt) == len(recorded)
+    assert set(rebuilt) != set(recorded)  # other numbers, same layers
+    assert any("sparse_moe_block" in p for p in rebuilt)
+    x, _, _ = testing.tokenize_corpus(model.preprocessor.tokenizer)
+    x = {key: value[:2] for key, value in x.items()}
+    np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(model(x)))
