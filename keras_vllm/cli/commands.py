@@ -74,11 +74,11 @@ def _inspect(args):
     cli_signing.check_trust(args)
     # Validated too (plain Python, no model is built): inspect is how a
     # serving team first looks at an artifact it was handed.
-    manifest = open_verified(
+    opened = open_verified(
         args.artifact, verify=not args.no_verify, public_key=args.public_key
-    ).manifest
-    print(summary(args.artifact, manifest))
-    for line in tensor_parallel_lines(args.artifact, manifest):
+    )
+    print(summary(opened))
+    for line in tensor_parallel_lines(opened):
         print(line)
     return EXIT_OK
 
@@ -89,23 +89,23 @@ def _verify(args):
     from keras_vllm.load.opening import open_verified
 
     cli_signing.check_trust(args)
-    manifest = open_verified(
+    opened = open_verified(
         args.artifact, verbose="auto", validate=False,
         public_key=args.public_key,
-    ).manifest
-    print(f"checksums       ok ({len(manifest['files'])} files)")
+    )
+    print(f"checksums       ok ({len(opened.manifest['files'])} files)")
     causal_lm = keras_vllm.load_causal_lm(
         args.artifact, verify=False, preset=args.preset,
         public_key=args.public_key,
     )
-    failures = check_golden(causal_lm, args.artifact, manifest)
+    failures = check_golden(causal_lm, opened)
     if failures:
         for prompt, want, got in failures:
             print(f"golden MISMATCH {prompt!r}: recorded {want}, got {got}")
         return EXIT_FAILED
     print("golden (keras)  ok")
     if args.engine:
-        failures = _engine_golden(args.artifact, manifest, args)
+        failures = _engine_golden(args)
         if failures:
             for prompt, want, got in failures:
                 print(f"engine MISMATCH {prompt!r}: recorded {want}, got {got}")
@@ -121,11 +121,11 @@ def _verbose(args):
     return False if args.quiet else "auto"
 
 
-def _engine_golden(path, manifest, args):
+def _engine_golden(args):
     from keras_vllm.serve.engine.engine import KerasVllmEngine
 
     with KerasVllmEngine.from_export(
-        path, verbose=_verbose(args), preset=args.preset,
+        args.artifact, verbose=_verbose(args), preset=args.preset,
         public_key=args.public_key,
     ) as engine:
         return engine.check_golden()

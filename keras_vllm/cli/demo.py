@@ -49,15 +49,15 @@ def run(family="llama3", workdir=None, steps=100):
         max_sequence_length=256,
         golden_prompts=testing.prompts(),
     )
-    manifest = fmt.open_artifact(path).manifest
-    mode = manifest["weights"]["mode"]
+    opened = fmt.open_artifact(path)
+    mode = opened.manifest["weights"]["mode"]
     # Fine-tuning moved every variable: stored full, pinning no preset.
     relation = "from" if mode == "full" else "against"
     print(f"    exported {path} ({mode} weights, {relation} preset {preset})")
 
     _step("serving side: verify the artifact in Keras")
     loaded = keras_vllm.load_causal_lm(path)
-    failures = check_golden(loaded, path, manifest)
+    failures = check_golden(loaded, opened)
     print(f"    checksums ok; golden outputs {'ok' if not failures else failures}")
 
     _step("serving side: start the vLLM engine on the artifact")

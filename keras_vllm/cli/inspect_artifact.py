@@ -34,8 +34,9 @@ def quantization_line(manifest):
     )
 
 
-def summary(path, manifest):
-    """Returns a multi-line summary of a validated manifest."""
+def summary(artifact):
+    """Returns a multi-line summary of an opened, validated artifact."""
+    path, manifest = artifact.path, artifact.manifest
     preset = manifest.get("preset")
     files = manifest["files"]
     family = manifest["backbone"]["class_name"].removesuffix("Backbone")
@@ -83,15 +84,16 @@ def summary(path, manifest):
 _MAX_TABLE_LAYERS = 512
 
 
-def tensor_parallel_lines(path, manifest):
+def tensor_parallel_lines(artifact):
     """Per-device weight and KV cache bytes at TP = 1, 2, 4, 8 (stored
-    dtype), from the backbone built with shapes only."""
+    dtype), from the opened artifact's backbone built with shapes only."""
     from keras_vllm.serve.worker import capacity
     from keras_vllm.load import tensor_parallel
 
+    manifest = artifact.manifest
     if not manifest.get("servable", True):
         return []
-    config = fmt.open_artifact(path, verify=False).read_json(fmt.CONFIG_FILE)
+    config = artifact.read_json(fmt.CONFIG_FILE)
     layers = int(config["num_hidden_layers"])
     if layers > _MAX_TABLE_LAYERS:
         # The table builds the backbone (shapes only), in time linear in its

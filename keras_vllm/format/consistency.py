@@ -10,7 +10,6 @@ engine runs it before vLLM starts and `load_causal_lm` before building
 anything.
 """
 
-import os
 import re
 
 from keras_vllm.errors import IntegrityError
@@ -23,8 +22,6 @@ from keras_vllm.format.checks import check_token_id
 from keras_vllm.format.checks import fail
 from keras_vllm.format.checks import is_int
 from keras_vllm.format.files import read_bytes
-from keras_vllm.format.files import read_json
-from keras_vllm.format.files import safe_join
 from keras_vllm.format.manifest import tokenizer_fingerprint
 from keras_vllm.format.names import CHAT_TEMPLATE_FILE
 from keras_vllm.format.names import CONFIG_FILE
@@ -215,13 +212,14 @@ def _check_tokenizer_config(read, manifest):
         )
 
 
-def _check_chat_template(path, manifest):
+def _check_chat_template(artifact):
+    manifest = artifact.manifest
     rel = CHAT_TEMPLATE_FILE
     if rel not in manifest["files"]:
         return
     if manifest["files"][rel]["bytes"] > MAX_CHAT_TEMPLATE_BYTES:
         fail(f"{rel} is larger than {MAX_CHAT_TEMPLATE_BYTES} bytes.")
-    data = read_bytes(safe_join(path, rel), MAX_CHAT_TEMPLATE_BYTES, rel)
+    data = read_bytes(artifact.file(rel), MAX_CHAT_TEMPLATE_BYTES, rel)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -237,32 +235,24 @@ def _check_chat_template(path, manifest):
         )
 
 
-def json_reader(path, manifest):
-    """A `read(rel)` that parses one listed JSON file of the artifact."""
-
-    def read(rel):
-        if rel not in manifest["files"]:
-            fail(f"The artifact has no '{rel}'; re-export the model.")
-        return read_json(safe_join(path, rel), what=rel)
-
-    return read
-
-
-def validate_artifact(path, manifest, read=None):
+def validate_artifact(artifact):
     """Cross-checks an opened artifact's files and manifest (plain Python).
 
+    `keras_vllm.format.Artifact.validate()` runs this once per opened
+    artifact; the JSON files are read through the artifact, which hashes
+    them as it reads them.
+
     Args:
-        path: the artifact directory.
-        manifest: the manifest returned by `open_artifact(path)`.
-        read: `read(rel)` returning a listed JSON file parsed (default:
-            `json_reader(path, manifest)`; an `Artifact` passes its cache).
+        artifact: the opened `keras_vllm.format.Artifact`.
+
+    Returns:
+        The artifact's manifest.
 
     Raises:
         ArtifactError: (or a subclass) naming what is inconsistent, out of
             bounds or off the allowlist, and what to do.
     """
-    path = os.fspath(path)
-    read = read or json_reader(path, manifest)
+    manifest, read = artifact.manifest, artifact.read_json
     configs.check_version_skew(manifest)
     for role in configs.ROLE_SUFFIX:
         section = manifest[role]
@@ -302,6 +292,6 @@ def validate_artifact(path, manifest, read=None):
         read(GENERATION_CONFIG_FILE), manifest, vocab
     )
     _check_golden(read, manifest, vocab)
-    _check_chat_template(path, manifest)
+    _check_chat_template(artifact)
     weight_tree.check_orbax_tree(read, manifest)
     return manifest

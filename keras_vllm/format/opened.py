@@ -83,9 +83,7 @@ class Artifact:
     def validate(self):
         """Cross-checks the files against each other (once)."""
         if not self._validated:
-            consistency.validate_artifact(
-                self.path, self.manifest, read=self.read_json
-            )
+            consistency.validate_artifact(self)
             self._validated = True
         return self
 

@@ -24,30 +24,34 @@ def is_adapter(manifest):
     return manifest["weights"]["mode"] == "adapter"
 
 
-def base_path(path, manifest, base=None):
+def base_path(artifact, base=None):
     """The recorded base artifact's directory (None for a preset base).
 
     Args:
-        path: the adapter artifact's directory.
-        manifest: its validated manifest.
+        artifact: the opened adapter `keras_vllm.format.Artifact`.
         base: a directory to use instead of the recorded path (a moved
             copy); it must hold the recorded artifact.
     """
-    reference = manifest["adapter"]["base"]
+    reference = artifact.manifest["adapter"]["base"]
     if reference["kind"] != "artifact":
         return None
     if base is None:
         base = reference["path"]
         if not os.path.isabs(base):
-            base = os.path.join(path, base)
+            base = os.path.join(artifact.path, base)
     return os.path.normpath(os.path.abspath(os.fspath(base)))
 
 
-def open_base(path, manifest, base=None, verify=True):
+def open_base(artifact, base=None, verify=True):
     """Opens and checks the base artifact against the adapter's reference.
 
+    Args:
+        artifact: the opened adapter `keras_vllm.format.Artifact`.
+        base: a directory to use instead of the recorded path.
+        verify: whether to hash the base's files.
+
     Returns:
-        `(base directory, base manifest)`, or `(None, None)` for a preset
+        The opened base `keras_vllm.format.Artifact`, or None for a preset
         base (checked by the preset loader against its pinned digests).
 
     Raises:
@@ -55,9 +59,10 @@ def open_base(path, manifest, base=None, verify=True):
         ArtifactError: it does not fit the adapter (another backbone, a
             missing target kernel).
     """
-    directory = base_path(path, manifest, base)
+    path, manifest = artifact.path, artifact.manifest
+    directory = base_path(artifact, base)
     if directory is None:
-        return None, None
+        return None
     reference = manifest["adapter"]["base"]
     if not os.path.isdir(directory):
         raise ArtifactError(
@@ -68,29 +73,31 @@ def open_base(path, manifest, base=None, verify=True):
     adapter_checks.check_base_digest(
         path, directory, reference, "Pass the adapter's own base."
     )
-    base_manifest = open_verified(directory, verify=verify).manifest
-    fmt.adapter.check_targets(manifest, base_manifest, directory)
-    return directory, base_manifest
+    opened_base = open_verified(directory, verify=verify)
+    fmt.adapter.check_targets(manifest, opened_base.manifest, directory)
+    return opened_base
 
 
-def _base_backbone(path, manifest, dtype, preset, base):
-    directory, base_manifest = open_base(path, manifest, base)
-    if directory is not None:
-        if is_adapter(base_manifest):
+def _base_backbone(artifact, dtype, preset, base):
+    opened_base = open_base(artifact, base)
+    if opened_base is not None:
+        if is_adapter(opened_base.manifest):
             raise ArtifactError(
-                f"The base '{directory}' of the adapter '{path}' is itself an "
-                "adapter; an adapter applies to a model artifact. Export the "
-                "base model with weights='full' (or against its preset)."
+                f"The base '{opened_base.path}' of the adapter "
+                f"'{artifact.path}' is itself an adapter; an adapter applies "
+                "to a model artifact. Export the base model with "
+                "weights='full' (or against its preset)."
             )
         return rebuild.build_model_backbone(
-            directory, base_manifest, dtype=dtype, preset=preset
+            opened_base, dtype=dtype, preset=preset
         )
-    # A preset base: the preset branch of `build_model_backbone`, with none of the
-    # adapter's own weights.
+    # A preset base: the preset branch of `build_model_backbone`, with none
+    # of the adapter's own weights.
+    manifest = artifact.manifest
     as_preset = dict(manifest, weights=dict(manifest["weights"], mode="preset",
                                             variables={}))
     return rebuild.build_model_backbone(
-        path, as_preset, dtype=dtype, preset=preset
+        fmt.Artifact(artifact.path, as_preset), dtype=dtype, preset=preset
     )
 
 
@@ -129,13 +136,12 @@ def target_layers(backbone, manifest):
     return found
 
 
-def build_adapter_backbone(path, manifest, dtype=None, preset=None,
-                           base=None, merge=False):
+def build_adapter_backbone(artifact, dtype=None, preset=None, base=None,
+                           merge=False):
     """The base backbone with the adapter applied.
 
     Args:
-        path: the adapter artifact (verified).
-        manifest: its validated manifest.
+        artifact: the opened, verified adapter `keras_vllm.format.Artifact`.
         dtype: variable dtype; defaults to the exported one.
         preset: where a preset base is loaded from instead of its handle.
         base: the base artifact's directory instead of the recorded one.
@@ -145,9 +151,9 @@ def build_adapter_backbone(path, manifest, dtype=None, preset=None,
     Returns:
         A `keras_hub.models.Backbone`.
     """
-
+    manifest = artifact.manifest
     dtype = dtype or manifest["dtype"]
-    backbone = _base_backbone(path, manifest, dtype, preset, base)
+    backbone = _base_backbone(artifact, dtype, preset, base)
     layers = target_layers(backbone, manifest)
     variables, specs = rebuild.matched_specs(backbone, manifest, dtype)
     factor_specs = fmt.adapter.factor_specs(manifest)
@@ -155,7 +161,7 @@ def build_adapter_backbone(path, manifest, dtype=None, preset=None,
             "bytes"], unit="bytes") as phase:
         # One restore of the whole tree: orbax refuses a partial one.
         restored = checkpoint.restore_weights(
-            fmt.safe_join(path, fmt.WEIGHTS_DIR), {**specs, **factor_specs}
+            artifact.file(fmt.WEIGHTS_DIR), {**specs, **factor_specs}
         )
         phase.advance(manifest["weights"]["bytes"])
     # Keras keeps LoRA factors in float32; factors stored in bfloat16 or

@@ -73,27 +73,33 @@ def _tokenizer(manifest):
 
 
 def open_adapter(path, public_key=None):
-    """Opens and verifies an adapter artifact; returns its manifest."""
+    """Opens and verifies an adapter artifact.
+
+    Returns:
+        The opened `keras_vllm.format.Artifact`.
+
+    Raises:
+        ServingError: the artifact is not an adapter.
+    """
     with progress.verbosity(False):
-        manifest = open_verified(path, public_key=public_key).manifest
+        opened = open_verified(path, public_key=public_key)
+    manifest = opened.manifest
     if manifest["weights"]["mode"] != "adapter":
         raise ServingError(
             f"'{path}' is not a LoRA adapter artifact (its 'weights.mode' is "
             f"'{manifest['weights']['mode']}'). Export one with "
             "`causal_lm.export_vllm(path, weights='adapter', base=...)`."
         )
-    return manifest
+    return opened
 
 
-def check_adapter(path, manifest, base_path, base_manifest, max_rank,
-                  names=None):
+def check_adapter(adapter, base, max_rank, names=None):
     """Refuses an adapter that does not fit the served base.
 
     Args:
-        path: the adapter artifact's directory.
-        manifest: its verified manifest.
-        base_path: the served base artifact's directory.
-        base_manifest: its manifest.
+        adapter: the opened, verified adapter `keras_vllm.format.Artifact`
+            (`open_adapter`).
+        base: the served base's opened `keras_vllm.format.Artifact`.
         max_rank: the engine's `max_lora_rank`.
         names: the layer names the engine serves adapters on (defaults to
             `target_names(base_manifest)`).
@@ -104,7 +110,19 @@ def check_adapter(path, manifest, base_path, base_manifest, max_rank,
             adapters on.
         ServingError: its rank exceeds `max_rank`, or it changes variables
             other than its LoRA factors.
+
+    Example:
+
+    ```python
+    adapter_checks.check_adapter(
+        adapter_checks.open_adapter("exports/support"),
+        keras_vllm.format.open_artifact("exports/base"),
+        max_rank=8,
+    )
+    ```
     """
+    path, manifest = adapter.path, adapter.manifest
+    base_path, base_manifest = base.path, base.manifest
     reference = manifest["adapter"]["base"]
     if reference["kind"] == "artifact":
         check_base_digest(
@@ -142,7 +160,7 @@ def check_adapter(path, manifest, base_path, base_manifest, max_rank,
             f"'{others[0]}' in 'weights.variables'), which cannot be applied "
             "per request. Serve it alone: `KerasVllmEngine.from_export(path)`."
         )
-    check_stored(path, manifest, base_manifest, base_path)
+    check_stored(adapter, base)
     names = target_names(base_manifest) if names is None else names
     for layer, target in sorted(manifest["adapter"]["targets"].items()):
         if layer.rsplit("/", 1)[-1] not in names:
@@ -162,9 +180,9 @@ def check_adapter(path, manifest, base_path, base_manifest, max_rank,
             )
 
 
-def check_stored(path, manifest, base_manifest, base_path):
+def check_stored(adapter, base):
     """The stored factors and biases are what the manifest records, and the
-    biases have the base's shapes.
+    biases have the base's shapes (`adapter`, `base`: opened artifacts).
 
     Raises:
         ArtifactError: naming the variable, the recorded and the stored
@@ -172,6 +190,8 @@ def check_stored(path, manifest, base_manifest, base_path):
     """
     from keras_vllm.hub import checkpoint
 
+    path, manifest = adapter.path, adapter.manifest
+    base_path, base_manifest = base.path, base.manifest
     variables = manifest["weights"]["variables"]
     specs = dict(fmt.adapter.factor_specs(manifest))
     specs.update(
@@ -179,7 +199,7 @@ def check_stored(path, manifest, base_manifest, base_path):
     )
     try:
         checkpoint.check_stored_arrays(
-            fmt.safe_join(path, fmt.WEIGHTS_DIR), specs, without_jax=True
+            adapter.file(fmt.WEIGHTS_DIR), specs, without_jax=True
         )
     except ArtifactError as e:
         raise ArtifactError(f"The adapter '{path}' is damaged: {e}") from None

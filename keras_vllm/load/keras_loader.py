@@ -19,13 +19,12 @@ from keras_vllm.load.opening import open_verified
 from keras_vllm.load.rebuild import role_config
 
 
-def build_backbone(path, manifest, dtype=None, preset=None, base=None,
+def build_backbone(artifact, dtype=None, preset=None, base=None,
                    merge_lora=False):
     """Rebuilds the backbone with the artifact's weights.
 
     Args:
-        path: artifact directory (already verified).
-        manifest: its validated manifest.
+        artifact: the opened, verified `keras_vllm.format.Artifact`.
         dtype: variable dtype to build in; defaults to the exported one.
         preset: a local directory or handle to use instead of the recorded
             preset reference (its files must hash to the recorded values).
@@ -37,25 +36,42 @@ def build_backbone(path, manifest, dtype=None, preset=None, base=None,
     Returns:
         A `keras_hub.models.Backbone`.
     """
-    if adapter.is_adapter(manifest):
+    if adapter.is_adapter(artifact.manifest):
         return adapter.build_adapter_backbone(
-            path, manifest, dtype=dtype, preset=preset, base=base,
-            merge=merge_lora,
+            artifact, dtype=dtype, preset=preset, base=base, merge=merge_lora,
         )
-    return rebuild.build_model_backbone(path, manifest, dtype, preset)
+    return rebuild.build_model_backbone(artifact, dtype, preset)
 
 
-def load_tokenizer(path, manifest=None):
+def _opened(artifact):
+    """An opened artifact, or the verified artifact at a path."""
+    if isinstance(artifact, fmt.Artifact):
+        return artifact
+    return open_verified(os.fspath(artifact))
+
+
+def load_tokenizer(artifact):
     """Rebuilds the artifact's native KerasHub tokenizer (offline).
+
+    Args:
+        artifact: an opened `keras_vllm.format.Artifact`, or the path of
+            one (opened and verified here).
 
     Returns:
         A `keras_hub.tokenizers.Tokenizer` with its assets loaded.
+
+    Example:
+
+    ```python
+    tokenizer = keras_vllm.load.keras_loader.load_tokenizer("exports/tuned")
+    tokenizer("The quick brown fox")
+    ```
     """
-    if manifest is None:
-        manifest = open_verified(path).manifest
+    artifact = _opened(artifact)
+    manifest = artifact.manifest
     section = manifest["tokenizer"]
     cls, config = role_config(manifest, "tokenizer")
-    assets = fmt.safe_join(path, fmt.TOKENIZER_ASSETS_DIR)
+    assets = artifact.file(fmt.TOKENIZER_ASSETS_DIR)
     names = section.get("assets")
     if not isinstance(names, list) or sorted(os.listdir(assets)) != sorted(
         names
@@ -129,7 +145,7 @@ def _check_vocabulary_size(tokenizer, manifest):
         )
 
 
-def preflight(path, manifest, preset=None):
+def preflight(artifact, preset=None):
     """The checks `KerasVllmEngine.from_export` runs before vLLM starts.
 
     Resolves every class against the allowlist, checks that a referenced
@@ -139,12 +155,12 @@ def preflight(path, manifest, preset=None):
     Raises:
         ArtifactError: (or a subclass) as `load_causal_lm` would.
     """
-    resolve_classes(manifest)
-    check_sources(path, manifest, preset)
-    load_tokenizer(path, manifest)
+    resolve_classes(artifact.manifest)
+    check_sources(artifact, preset)
+    load_tokenizer(artifact)
 
 
-def check_sources(path, manifest, preset=None):
+def check_sources(artifact, preset=None):
     """Checks that what the artifact loads its base weights from is here:
     an adapter's base artifact, a delta's preset files (resolved, not
     hashed: the engine process hashes them once, when it loads them).
@@ -153,8 +169,9 @@ def check_sources(path, manifest, preset=None):
         ArtifactError: (or a subclass: `PresetUnavailableError`, naming how
             to make the preset available offline).
     """
+    manifest = artifact.manifest
     if adapter.is_adapter(manifest):
-        adapter.open_base(path, manifest)
+        adapter.open_base(artifact)
     if manifest["preset"] is not None and manifest["weights"]["mode"] != "full":
         recorded = manifest["preset"]
         presets.check_available(
@@ -207,25 +224,24 @@ def load_causal_lm(
 
 
 def _load_causal_lm(path, dtype, preset, verify, public_key, base=None):
-    manifest = open_verified(
+    artifact = open_verified(
         path, verify=verify, verbose="auto", public_key=public_key
-    ).manifest
+    )
+    manifest = artifact.manifest
     resolved = resolve_classes(manifest)
     if adapter.is_adapter(manifest):
         # The base is the recorded one and fits, before anything is built.
-        adapter.open_base(path, manifest, base, verify=verify)
+        adapter.open_base(artifact, base, verify=verify)
     # The tokenizer first: it is cheap, and its probes catch swapped assets
     # before any weight is allocated.
-    tokenizer = load_tokenizer(path, manifest)
+    tokenizer = load_tokenizer(artifact)
     pp_cls, pp_config = role_config(manifest, "preprocessor")
     preprocessor = rebuild.construct(
         pp_cls, {**pp_config, "tokenizer": tokenizer}, "preprocessor"
     )
     sampler_cls, sampler_config = role_config(manifest, "sampler")
     sampler = rebuild.construct(sampler_cls, sampler_config, "sampler")
-    backbone = build_backbone(
-        path, manifest, dtype=dtype, preset=preset, base=base
-    )
+    backbone = build_backbone(artifact, dtype=dtype, preset=preset, base=base)
     lm_cls = resolved["causal_lm"]
     try:
         causal_lm = lm_cls(backbone=backbone, preprocessor=preprocessor)
@@ -238,16 +254,21 @@ def _load_causal_lm(path, dtype, preset, verify, public_key, base=None):
     return causal_lm
 
 
-def check_golden(causal_lm, path, manifest=None):
+def check_golden(causal_lm, artifact):
     """Replays the artifact's golden prompts through `causal_lm`.
+
+    Args:
+        causal_lm: the model to check (usually `load_causal_lm(path)`).
+        artifact: an opened `keras_vllm.format.Artifact`, or the path of
+            one (opened and verified here).
 
     Returns:
         A list of `(prompt, expected_ids, actual_ids)` for mismatches (empty
         when the model reproduces every recorded output).
     """
-    opened = fmt.open_artifact(path, verify=manifest is None)
-    manifest = manifest or opened.manifest
-    golden = opened.read_json(fmt.GOLDEN_FILE)
+    artifact = _opened(artifact)
+    manifest = artifact.manifest
+    golden = artifact.read_json(fmt.GOLDEN_FILE)
     stops = manifest["stop_token_ids"]
     records = golden["outputs"]
     actuals = reference.greedy_batch(

@@ -66,13 +66,12 @@ def _same_config(a, b):
     return strip(a) == strip(b)
 
 
-def build_model_backbone(path, manifest, dtype=None, preset=None):
+def build_model_backbone(artifact, dtype=None, preset=None):
     """Rebuilds the backbone of a full, delta or preset artifact with its
     weights (`keras_loader.build_backbone` also builds adapters).
 
     Args:
-        path: artifact directory (already verified).
-        manifest: its validated manifest.
+        artifact: the opened, verified `keras_vllm.format.Artifact`.
         dtype: variable dtype to build in; defaults to the exported one.
         preset: a local directory or handle to use instead of the recorded
             preset reference (its files must hash to the recorded values).
@@ -82,6 +81,7 @@ def build_model_backbone(path, manifest, dtype=None, preset=None):
     """
     import keras_hub
 
+    manifest = artifact.manifest
     cls, config = role_config(manifest, "backbone")
     dtype = dtype or manifest["dtype"]
     weights = manifest["weights"]
@@ -123,7 +123,7 @@ def build_model_backbone(path, manifest, dtype=None, preset=None):
         quantized.check_rebuilt(backbone, manifest)
         quantized.match_inputs_quantizers(backbone)
     try:
-        values = stored_values(backbone, path, manifest, dtype)
+        values = stored_values(backbone, artifact, dtype)
     except BaseException:
         uninitialized.forget(backbone)
         raise
@@ -137,14 +137,13 @@ def build_model_backbone(path, manifest, dtype=None, preset=None):
     return backbone
 
 
-def stored_values(backbone, path, manifest, dtype=None):
+def stored_values(backbone, artifact, dtype=None):
     """The artifact's stored weights, matched to `backbone`'s variables.
 
     Args:
         backbone: a backbone of the artifact's architecture (built from
             its config, or one already serving).
-        path: the artifact directory (already verified).
-        manifest: its validated manifest.
+        artifact: the opened, verified `keras_vllm.format.Artifact`.
         dtype: the dtype the values are cast to; defaults to the exported
             one.
 
@@ -155,12 +154,13 @@ def stored_values(backbone, path, manifest, dtype=None):
     Raises:
         ArtifactError: when an entry does not match its variable.
     """
+    manifest = artifact.manifest
     dtype = dtype or manifest["dtype"]
     weights = manifest["weights"]
     mode = weights["mode"]
     variables, specs = matched_specs(backbone, manifest, dtype)
     if specs:
-        directory = fmt.safe_join(path, fmt.WEIGHTS_DIR)
+        directory = artifact.file(fmt.WEIGHTS_DIR)
         with progress.phase(
             f"restoring {mode} weights", total=weights["bytes"], unit="bytes"
         ) as phase:

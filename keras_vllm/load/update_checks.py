@@ -159,16 +159,16 @@ def check_export(running, path, preset, public_key):
     the served artifact's manifest `running`.
 
     Returns:
-        `(manifest, manifest_hash)` of the verified artifact.
+        `(artifact, manifest_hash)`: the opened, verified
+        `keras_vllm.format.Artifact` and its manifest's digest.
     """
     from keras_vllm.load import keras_loader
     from keras_vllm.load.opening import open_verified
 
     opened = open_verified(path, validate=False, public_key=public_key)
     opened.validate()
-    manifest = opened.manifest
-    check_compatible(running, manifest, f"The export '{path}'")
+    check_compatible(running, opened.manifest, f"The export '{path}'")
     # Classes, preset availability and the tokenizer's recorded probes, as
     # `from_export` checks them.
-    keras_loader.preflight(path, manifest, preset)
-    return manifest, fmt.manifest_hash(path)
+    keras_loader.preflight(opened, preset)
+    return opened, fmt.manifest_hash(path)

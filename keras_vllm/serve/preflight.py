@@ -100,10 +100,10 @@ def check(path, overrides=None, preset=None, public_key=None, deep=False,
         opened.validate()
         kwargs = serving_defaults(opened, overrides or {})
         preset = resolve_preset(preset)
-        keras_loader.check_sources(path, opened.manifest, preset)
+        keras_loader.check_sources(opened, preset)
         if deep:
             keras_loader.resolve_classes(opened.manifest)
-            keras_loader.load_tokenizer(path, opened.manifest)
+            keras_loader.load_tokenizer(opened)
     return Plan(opened, kwargs, preset)
 
 

@@ -100,8 +100,9 @@ def test_bfloat16_factors_load_rounded_and_model_is_unchanged(exports):
     assert keras_loader.check_golden(loaded, path) == []
     # An adapter served alone is merged at load: the same kernels as Keras'
     # own merge of the loaded factors.
-    manifest = fmt.read_manifest(path)
-    merged = adapter_load.build_adapter_backbone(path, manifest, merge=True)
+    merged = adapter_load.build_adapter_backbone(
+        fmt.open_artifact(path), merge=True
+    )
     for layer_path, layer in restored.items():
         np.testing.assert_allclose(
             np.asarray(_layer(merged, layer_path).kernel),
@@ -126,8 +127,8 @@ def test_adapter_slots_read_bfloat16_factors(exports):
                                    max_cpu_loras=None)
     adapter_slots.install_adapter_slots(backbone, config, "float32")
     model = types.SimpleNamespace(
-        backbone=backbone, artifact_path=base,
-        manifest=fmt.read_manifest(base), dtype_name="float32", mesh=None,
+        backbone=backbone, artifact=fmt.open_artifact(base),
+        dtype_name="float32", mesh=None,
     )
     manager = lora_manager.KerasLoraManager(model, config)
     read = manager._read(

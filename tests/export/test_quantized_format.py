@@ -142,9 +142,11 @@ def test_quantized_lora_model_is_refused(tmp_path):
 def test_inspect_shows_the_mode_and_stored_bytes(int8_artifact):
     manifest = _manifest(int8_artifact)
     count = len(manifest["quantization"]["layers"])
-    summary = inspect_artifact.summary(int8_artifact, manifest)
+    summary = inspect_artifact.summary(fmt.open_artifact(int8_artifact))
     assert f"int8: {count} layers" in summary
-    table = inspect_artifact.tensor_parallel_lines(int8_artifact, manifest)
+    table = inspect_artifact.tensor_parallel_lines(
+        fmt.open_artifact(int8_artifact)
+    )
     tp1 = next(line for line in table[1:] if line.split()[0] == "1")
     # The TP=1 row counts each variable in its stored dtype (int8 kernels).
     assert inspect_artifact._size(manifest["weights"]["bytes"]) in tp1

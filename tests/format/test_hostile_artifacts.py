@@ -89,9 +89,9 @@ def _expect_refusal(fn, name, path, error):
 def test_good_artifact_loads(good_artifact):
     from keras_vllm.load import keras_loader
     
-    manifest = fmt.open_artifact(good_artifact).manifest
-    fmt.validate_artifact(good_artifact, manifest)
-    keras_loader.preflight(good_artifact, manifest)
+    opened = fmt.open_artifact(good_artifact)
+    fmt.validate_artifact(opened)
+    keras_loader.preflight(opened)
     keras_vllm.load_causal_lm(good_artifact)
 
 

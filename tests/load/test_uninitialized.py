@@ -89,7 +89,7 @@ def test_restored_weights_are_placed_mostly_without_a_copy(tmp_path):
     path = testing.build_tiny_causal_lm("llama").export_vllm(
         tmp_path / "artifact", weights="full", golden_prompts=(), verbose=False
     )
-    backbone = build_backbone(path, fmt.open_artifact(path).manifest)
+    backbone = build_backbone(fmt.open_artifact(path))
     values = [variable.value for variable in backbone.variables]
     pointers = [value.unsafe_buffer_pointer() for value in values]
     # tpu-inference places a model by a jitted identity that donates its

@@ -159,8 +159,7 @@ from keras_vllm import format as fmt
 from keras_vllm.load import adapter_checks
 path, base = sys.argv[1:3]
 adapter_checks.check_adapter(
-    path, adapter_checks.open_adapter(path), base,
-    fmt.open_artifact(base, verify=False).manifest, 8,
+    adapter_checks.open_adapter(path), fmt.open_artifact(base, verify=False), 8
 )
 from jax._src import xla_bridge
 print("BACKEND", xla_bridge.backends_are_initialized())

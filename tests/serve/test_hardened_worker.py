@@ -25,10 +25,7 @@ def exports(tmp_path_factory):
 
 
 def _manager(base):
-    model = types.SimpleNamespace(
-        artifact_path=base,
-        manifest=fmt.open_artifact(base, verify=False).manifest,
-    )
+    model = types.SimpleNamespace(artifact=fmt.open_artifact(base, verify=False))
     config = types.SimpleNamespace(max_loras=1, max_lora_rank=8,
                                    max_cpu_loras=1)
     return lora_manager.KerasLoraManager(model, config)
@@ -51,11 +48,11 @@ def test_a_new_base_is_refused_while_adapters_of_the_old_are_held(exports):
     _hold(manager, _request("support", str(exports["paths"]["support"])))
     other = exports["other"]
     with pytest.raises(ServingError, match=r"\['support'\].*Unload them"):
-        manager.check_new_base(other, fmt.read_manifest(other))
+        manager.check_new_base(fmt.open_artifact(other))
     # The served base itself fits (a reload to the same export).
-    manager.check_new_base(exports["base"], fmt.read_manifest(exports["base"]))
+    manager.check_new_base(fmt.open_artifact(exports["base"]))
     manager.remove_all_adapters()
-    manager.check_new_base(other, fmt.read_manifest(other))
+    manager.check_new_base(fmt.open_artifact(other))
 
 
 def test_load_inplace_reads_the_path_before_anything_changes(

@@ -268,6 +268,8 @@ def test_inspect_lists_as_fine_only_what_serving_accepts(llama_artifact):
         backbone, {**config, "vocab_size": 511}, manifest["dtype"], (1, 2)
     )
     assert rows[0][1] is not None and rows[1][1] is None
-    lines = inspect_artifact.tensor_parallel_lines(llama_artifact, manifest)
+    lines = inspect_artifact.tensor_parallel_lines(
+        fmt.open_artifact(llama_artifact, verify=False)
+    )
     assert any("(refused: attention heads do not split over 8)" in line
                for line in lines), lines

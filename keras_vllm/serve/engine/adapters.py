@@ -22,14 +22,12 @@ class AdapterSet:
     """The adapters an engine serves: `name -> LoRARequest`.
 
     Args:
-        base_path: the served base artifact.
-        base_manifest: its manifest.
+        base: the served base's opened `keras_vllm.format.Artifact`.
         max_lora_rank: the engine's largest adapter rank.
     """
 
-    def __init__(self, base_path, base_manifest, max_lora_rank):
-        self.base_path = base_path
-        self.base_manifest = base_manifest
+    def __init__(self, base, max_lora_rank):
+        self.base = base
         self.max_lora_rank = max_lora_rank
         self.requests = {}
         self._next_id = 1
@@ -41,10 +39,8 @@ class AdapterSet:
         if not isinstance(name, str) or not name:
             raise ServingError(f"Adapter names are non-empty strings, not {name!r}.")
         path = os.path.abspath(os.fspath(path))
-        manifest = adapter_checks.open_adapter(path)
         adapter_checks.check_adapter(
-            path, manifest, self.base_path, self.base_manifest,
-            self.max_lora_rank,
+            adapter_checks.open_adapter(path), self.base, self.max_lora_rank
         )
         return path
 
@@ -92,7 +88,7 @@ class AdapterSet:
         return request
 
 
-def lora_engine_kwargs(path, manifest, adapters, max_loras, max_lora_rank,
+def lora_engine_kwargs(artifact, adapters, max_loras, max_lora_rank,
                        overrides):
     """Checks the adapters and returns `(AdapterSet, vLLM LoRA kwargs)`.
 
@@ -107,19 +103,19 @@ def lora_engine_kwargs(path, manifest, adapters, max_loras, max_lora_rank,
         return None, {}
     from keras_vllm.load import adapter_checks
 
-    if manifest["weights"]["mode"] == "adapter":
+    if artifact.manifest["weights"]["mode"] == "adapter":
         raise ServingError(
-            f"'{path}' is an adapter artifact; serve adapters over their base: "
+            f"'{artifact.path}' is an adapter artifact; serve adapters over their base: "
             "`KerasVllmEngine.from_export(base, adapters={name: path})`."
         )
     adapters = dict(adapters or {})
-    manifests = {}
-    for name, adapter_path in adapters.items():
-        adapter_path = os.path.abspath(os.fspath(adapter_path))
-        manifests[name] = (adapter_path, adapter_checks.open_adapter(adapter_path))
+    opened = {
+        name: adapter_checks.open_adapter(os.path.abspath(os.fspath(path)))
+        for name, path in adapters.items()
+    }
     ranks = [
-        t["rank"] for _, m in manifests.values()
-        for t in m["adapter"]["targets"].values()
+        t["rank"] for adapter in opened.values()
+        for t in adapter.manifest["adapter"]["targets"].values()
     ]
     if max_lora_rank is None:
         needed = max(ranks, default=ALLOWED_RANKS[2])
@@ -132,9 +128,9 @@ def lora_engine_kwargs(path, manifest, adapters, max_loras, max_lora_rank,
     max_loras = max(1, len(adapters)) if max_loras is None else int(max_loras)
     if max_loras < 1:
         raise ServingError(f"max_loras={max_loras}; it must be at least 1.")
-    served = AdapterSet(path, manifest, max_lora_rank)
-    for name, (adapter_path, _) in manifests.items():
-        served.add(name, served.check(name, adapter_path))
+    served = AdapterSet(artifact, max_lora_rank)
+    for name, adapter in opened.items():
+        served.add(name, served.check(name, adapter.path))
     kwargs = {
         "enable_lora": True,
         "max_loras": max_loras,

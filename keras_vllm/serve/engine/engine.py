@@ -32,15 +32,15 @@ class KerasVllmEngine:
     ```
     """
 
-    def __init__(self, llm, path, manifest, preset=None, public_key=None,
+    def __init__(self, llm, artifact, preset=None, public_key=None,
                  adapters=None):
         self.llm = llm
         # `engine_adapters.AdapterSet` of a multi-adapter engine, else None.
         self.adapters = adapters
-        self.path = path
-        self.manifest = manifest
+        # The served `keras_vllm.format.Artifact` (replaced by an update).
+        self.artifact = artifact
         # The served manifest's SHA-256 (None after a live-model update).
-        self.artifact_hash = fmt.manifest_hash(path)
+        self.artifact_hash = fmt.manifest_hash(artifact.path)
         self._preset, self._public_key = preset, public_key
         # vLLM's `LLM` is synchronous: one generate or update at a time.
         self._lock = threading.RLock()
@@ -108,9 +108,9 @@ class KerasVllmEngine:
             )
             # The engine process verifies the files again before it reads
             # them: nothing checked here is trusted there (format/opened.py).
-            manifest, kwargs, preset = plan.manifest, plan.engine_kwargs, plan.preset
+            kwargs, preset = plan.engine_kwargs, plan.preset
             served, lora_kwargs = engine_adapters.lora_engine_kwargs(
-                path, manifest, adapters, max_loras, max_lora_rank,
+                plan.artifact, adapters, max_loras, max_lora_rank,
                 engine_kwargs,
             )
             kwargs.update(lora_kwargs)
@@ -140,8 +140,18 @@ class KerasVllmEngine:
                     llm = vllm.LLM(**kwargs)
                 if served is not None:
                     engine_adapters.preload(llm, served)
-        return cls(llm, path, manifest, preset=preset, public_key=public_key,
+        return cls(llm, plan.artifact, preset=preset, public_key=public_key,
                    adapters=served)
+
+    @property
+    def path(self):
+        """The served artifact's directory."""
+        return self.artifact.path
+
+    @property
+    def manifest(self):
+        """The served artifact's manifest."""
+        return self.artifact.manifest
 
     def shutdown(self):
         """Stops the vLLM engine and frees its KV cache and processes.
@@ -186,8 +196,7 @@ class KerasVllmEngine:
         """
         from vllm import SamplingParams
 
-        opened = fmt.open_artifact(self.path, verify=False)
-        golden = opened.read_json(fmt.GOLDEN_FILE)
+        golden = self.artifact.read_json(fmt.GOLDEN_FILE)
         params = SamplingParams(
             temperature=0.0,
             max_tokens=golden["max_new_tokens"],

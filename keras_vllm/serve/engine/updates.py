@@ -118,7 +118,7 @@ def update_weights(engine, source):
         llm = engine.llm
         if isinstance(source, (str, os.PathLike)):
             path = os.path.abspath(os.fspath(source))
-            manifest, digest = update_checks.check_export(
+            artifact, digest = update_checks.check_export(
                 engine.manifest, path, engine._preset, engine._public_key
             )
             # Blocks cached with the old weights must not answer new
@@ -129,7 +129,7 @@ def update_weights(engine, source):
                 "keras_vllm_update_from_artifact",
                 args=(path, engine._preset, engine._public_key, digest),
             )[0]
-            engine.path, engine.manifest = path, manifest
+            engine.artifact = artifact
             engine.artifact_hash = digest
         else:
             if _is_in_process(llm):

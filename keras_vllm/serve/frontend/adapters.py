@@ -31,9 +31,10 @@ def _check(path, base, max_rank):
     from keras_vllm import format as fmt
     from keras_vllm.load import adapter_checks
 
-    base_manifest = fmt.open_artifact(base, verify=False).manifest
-    manifest = adapter_checks.open_adapter(path)
-    adapter_checks.check_adapter(path, manifest, base, base_manifest, max_rank)
+    adapter_checks.check_adapter(
+        adapter_checks.open_adapter(path),
+        fmt.open_artifact(base, verify=False), max_rank,
+    )
 
 
 def error_response(message, status_code):

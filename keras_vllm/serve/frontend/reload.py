@@ -54,8 +54,8 @@ def current_path():
     return _SERVED.path
 
 
-def _misfits(loaded, path, manifest):
-    """Names of the loaded adapters that do not fit the base at `path`."""
+def _misfits(loaded, base):
+    """Names of the loaded adapters that do not fit the opened `base`."""
     from keras_vllm.errors import KerasVllmError
     from keras_vllm.load import adapter_checks
 
@@ -63,8 +63,7 @@ def _misfits(loaded, path, manifest):
     for name, lora in sorted(loaded.items()):
         try:
             adapter_checks.check_adapter(
-                lora.lora_path, adapter_checks.open_adapter(lora.lora_path),
-                path, manifest, 512,
+                adapter_checks.open_adapter(lora.lora_path), base, 512
             )
         except KerasVllmError:
             misfits.append(name)
@@ -146,7 +145,7 @@ async def _reload(request):
     preset, public_key = envs.PRESET.get(), envs.PUBLIC_KEY.get()
     async with served.lock:
         try:
-            manifest, digest = await asyncio.to_thread(
+            artifact, digest = await asyncio.to_thread(
                 update_checks.check_export,
                 served.manifest, path, preset, public_key,
             )
@@ -156,7 +155,7 @@ async def _reload(request):
         # refused (409) while any is loaded; unload them first.
         models = getattr(request.app.state, "openai_serving_models", None)
         loaded = dict(getattr(models, "lora_requests", None) or {})
-        misfits = await asyncio.to_thread(_misfits, loaded, path, manifest)
+        misfits = await asyncio.to_thread(_misfits, loaded, artifact)
         if misfits:
             return JSONResponse(
                 {"error": f"The loaded LoRA adapters {misfits} do not fit "
@@ -179,7 +178,8 @@ async def _reload(request):
             return JSONResponse({"error": str(e)}, status_code=500)
         finally:
             await client.resume_generation()
-        served.path, served.manifest, served.hash = path, manifest, digest
+        served.path, served.manifest = path, artifact.manifest
+        served.hash = digest
     return JSONResponse(
         {"artifact_hash": digest, "path": path, **result}, status_code=200
     )

@@ -113,14 +113,14 @@ class KerasVllmTokenizer(ChatTemplateMethods, TokenizerLike):
         # Verified (signature first, under a policy) and cross-checked here:
         # vLLM's front-end processes load the tokenizer before (or without)
         # the engine's own checks.
-        manifest = open_verified(
+        opened = open_verified(
             path,
             only=(fmt.TOKENIZER_DIR + "/", fmt.CHAT_TEMPLATE_FILE),
             validate=True,
-        ).manifest
+        )
         return cls(
-            load_tokenizer(path, manifest=manifest),
-            manifest,
+            load_tokenizer(opened),
+            opened.manifest,
             path,
             chat_template=chat.read_template(path),
             truncation_side=kwargs.get("truncation_side") or "left",

@@ -26,25 +26,25 @@ class KerasVllmWorkerExtension:
         Returns:
             `{"variables", "bytes", "seconds"}`.
         """
-        from keras_vllm import format as fmt
         from keras_vllm.serve.worker.lora_manager import KerasLoraManager
         from keras_vllm.serve.worker import weight_update
 
         model = self.model_runner.model
-        manifest = fmt.open_artifact(path, verify=False).manifest
+        opened = weight_update.open_update(
+            os.path.abspath(path), public_key, manifest_hash
+        )
         manager = getattr(self.model_runner, "lora_manager", None)
         if isinstance(manager, KerasLoraManager):
             # Adapters held now must fit the new base (refused otherwise).
-            manager.check_new_base(os.path.abspath(path), manifest)
+            manager.check_new_base(opened)
         incoming = weight_update.artifact_values(
-            path, model.backbone, model.dtype_name, preset, public_key,
-            manifest_hash,
+            opened, model.backbone, model.dtype_name, preset
         )
         result = weight_update.replace_weights(
             self, incoming, f"The export '{path}'"
         )
         # Adapters loaded from now on are checked against the base served.
-        model.artifact_path, model.manifest = os.path.abspath(path), manifest
+        model.artifact = opened
         return result
 
     def keras_vllm_update_from_values(self, values):

@@ -147,9 +147,12 @@ class KerasLoraManager:
                 if a.factors is not None]
         return held + [spilled[0] for spilled in self._spilled.values()]
 
-    def check_new_base(self, path, manifest):
+    def check_new_base(self, base):
         """Refuses a new base that an adapter held does not fit (a reload
         to it would serve the adapter on weights it was not trained on).
+
+        Args:
+            base: the new base's opened `keras_vllm.format.Artifact`.
 
         Raises:
             ServingError: naming every such adapter and the fix.
@@ -160,16 +163,15 @@ class KerasLoraManager:
         for request in self.held_requests():
             try:
                 adapter_checks.check_adapter(
-                    request.lora_path,
-                    adapter_checks.open_adapter(request.lora_path),
-                    path, manifest, self.max_rank,
+                    adapter_checks.open_adapter(request.lora_path), base,
+                    self.max_rank,
                 )
             except KerasVllmError:
                 misfits.append(request.lora_name)
         if misfits:
             raise ServingError(
                 f"The loaded LoRA adapters {sorted(misfits)} do not fit the "
-                f"new base '{path}' (they were exported against the served "
+                f"new base '{base.path}' (they were exported against the served "
                 "one). Unload them first (`/v1/unload_lora_adapter`, "
                 "`engine.remove_adapter`), or export them against the new "
                 "base."
@@ -345,12 +347,12 @@ class KerasLoraManager:
             # vLLM's own error: its server answers it with a 404 (any
             # other error is a 500).
             raise LoRAAdapterNotFoundError(request.lora_name, path)
-        manifest = adapter_checks.open_adapter(path)
+        opened = adapter_checks.open_adapter(path)
+        manifest = opened.manifest
         model = self.model
         names = tuple(model.backbone.default_lora_layer_names())
         adapter_checks.check_adapter(
-            path, manifest, model.artifact_path, model.manifest,
-            self.max_rank, names,
+            opened, model.artifact, self.max_rank, names
         )
         targets = adapter.target_layers(model.backbone, manifest)
         dtype = jnp.dtype(model.dtype_name)
@@ -361,7 +363,7 @@ class KerasLoraManager:
         )
         factor_specs = fmt.adapter.factor_specs(manifest)
         restored = checkpoint.restore_weights(
-            fmt.safe_join(path, fmt.WEIGHTS_DIR), {**specs, **factor_specs}
+            opened.file(fmt.WEIGHTS_DIR), {**specs, **factor_specs}
         )
         bias_deltas = {}
         for var_path, variable in variables.items():

@@ -48,7 +48,10 @@ class KerasVllmForCausalLM(nnx.Module):
     def __init__(self, vllm_config, rng_key=None, mesh=None):
         self.vllm_config = vllm_config
         self.mesh = mesh
-        self.artifact_path = vllm_config.model_config.model
+        self._model_path = vllm_config.model_config.model
+        # The served `keras_vllm.format.Artifact` (set by `load_weights`,
+        # replaced by a live update).
+        self.artifact = None
         self.dtype_name = jnp.dtype(vllm_config.model_config.dtype).name
 
     def load_weights(self, *args, **kwargs):
@@ -58,10 +61,10 @@ class KerasVllmForCausalLM(nnx.Module):
         # phase; otherwise phases only log at INFO.
         lines = envs.ENGINE_PROGRESS.get() == "lines"
         with progress.verbosity("lines" if lines else False):
-            manifest = open_verified(self.artifact_path, verbose="auto").manifest
+            artifact = open_verified(self._model_path, verbose="auto")
+            manifest = artifact.manifest
             backbone = build_backbone(
-                self.artifact_path,
-                manifest,
+                artifact,
                 dtype=self.dtype_name,
                 preset=envs.PRESET.get(),
                 # An adapter is served merged into the base's kernels: the
@@ -71,7 +74,7 @@ class KerasVllmForCausalLM(nnx.Module):
             # A model with encoders (a vision tower) serves its text decoder.
             backbone = served_backbone(backbone, manifest)
         self.attention_layers = len(swap_in_paged_layers(backbone))
-        self.manifest = manifest
+        self.artifact = artifact
         register_model(self.vllm_config, manifest)
         # `repr(llm)` (a notebook showing `engine.llm`) describes the model.
         # Installed here, in the worker: importing tpu-inference's worker
@@ -90,6 +93,18 @@ class KerasVllmForCausalLM(nnx.Module):
             self.attention_layers,
             self.dtype_name,
         )
+
+    @property
+    def artifact_path(self):
+        """The served artifact's directory."""
+        if self.artifact is None:
+            return self._model_path
+        return self.artifact.path
+
+    @property
+    def manifest(self):
+        """The served artifact's manifest."""
+        return self.artifact.manifest
 
     def describe(self):
         """A short text of what is served: vLLM's `LLM.__repr__` shows it

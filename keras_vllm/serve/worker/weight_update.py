@@ -40,9 +40,35 @@ def _host_memory():
     return jax.default_device(cpu)
 
 
-def artifact_values(path, served, dtype, preset=None, public_key=None,
-                    manifest_hash=None):
-    """The whole weight set of an artifact (preset plus delta), verified.
+def open_update(path, public_key=None, manifest_hash=None):
+    """Opens and verifies the artifact an update reads.
+
+    Args:
+        path: the artifact directory.
+        public_key: the signature policy the engine was started with.
+        manifest_hash: the SHA-256 of `manifest.json` the caller checked;
+            an artifact rewritten since is refused.
+
+    Returns:
+        The opened, verified `keras_vllm.format.Artifact`.
+    """
+    from keras_vllm.load.opening import open_verified
+
+    with progress.verbosity(False):
+        opened = open_verified(path, public_key=public_key)
+    if manifest_hash is not None and (
+        fmt.manifest_hash(path) != manifest_hash
+    ):
+        raise ServingError(
+            f"The export '{path}' changed while the engine checked it "
+            f"('{fmt.MANIFEST_FILE}' has another digest); nothing was "
+            "replaced. Update from a finished export."
+        )
+    return opened
+
+
+def artifact_values(artifact, served, dtype, preset=None):
+    """The whole weight set of an artifact (preset plus delta).
 
     A full export stores every variable: its arrays are restored and
     matched to the served backbone directly. A delta (or preset) export's
@@ -50,13 +76,11 @@ def artifact_values(path, served, dtype, preset=None, public_key=None,
     variables are paired with the served ones by position.
 
     Args:
-        path: the artifact directory.
+        artifact: the opened, verified `keras_vllm.format.Artifact`
+            (`open_update`).
         served: the served backbone.
         dtype: the dtype the engine serves in (values are cast as at start).
         preset: the preset override, as `KerasVllmEngine.from_export` took.
-        public_key: the signature policy the engine was started with.
-        manifest_hash: the SHA-256 of `manifest.json` the caller checked;
-            an artifact rewritten since is refused.
 
     Returns:
         `[(variable, value)]` in `keras_vllm.hub.weights.ordered_variables`
@@ -64,18 +88,9 @@ def artifact_values(path, served, dtype, preset=None, public_key=None,
     """
     from keras_vllm.load import keras_loader
     from keras_vllm.load import rebuild
-    from keras_vllm.load.opening import open_verified
 
+    manifest = artifact.manifest
     with progress.verbosity(False):
-        manifest = open_verified(path, public_key=public_key).manifest
-        if manifest_hash is not None and (
-            fmt.manifest_hash(path) != manifest_hash
-        ):
-            raise ServingError(
-                f"The export '{path}' changed while the engine checked it "
-                f"('{fmt.MANIFEST_FILE}' has another digest); nothing was "
-                "replaced. Update from a finished export."
-            )
         if fmt.unserved_inputs(manifest):
             # The served backbone is the artifact's text decoder: the whole
             # model is rebuilt and its decoder's variables taken.
@@ -84,7 +99,7 @@ def artifact_values(path, served, dtype, preset=None, public_key=None,
             with _host_memory():
                 backbone = served_backbone(
                     keras_loader.build_backbone(
-                        path, manifest, dtype=dtype, preset=preset
+                        artifact, dtype=dtype, preset=preset
                     ),
                     manifest,
                 )
@@ -94,7 +109,7 @@ def artifact_values(path, served, dtype, preset=None, public_key=None,
             restored = {
                 id(variable): value
                 for variable, value in rebuild.stored_values(
-                    served, path, manifest, dtype
+                    served, artifact, dtype
                 )
             }
             return [
@@ -103,7 +118,7 @@ def artifact_values(path, served, dtype, preset=None, public_key=None,
             ]
         with _host_memory():
             backbone = keras_loader.build_backbone(
-                path, manifest, dtype=dtype, preset=preset
+                artifact, dtype=dtype, preset=preset
             )
     return weight_io.backbone_values(backbone)
 
