@@ -139,3 +139,28 @@ def test_export_round_trips_and_the_reloaded_model_generates(tmp_path):
     assert loaded.generate(prompts, max_length=32) == model.generate(
         prompts, max_length=32
     )
+
+
+def test_variables_sharing_a_path_are_refused_with_the_fix():
+    """Generic: a layer that builds a sublayer in its constructor (as
+    keras-hub's unfixed SmolLM3 attention did) gives every instance one
+    path; export says why and what to do instead of writing a bad file."""
+    from keras_vllm.hub import weights
+
+    class EagerlyBuilt(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.proj = keras.layers.Dense(4, name="proj")
+            self.proj.build((None, 4))
+
+        def call(self, x):
+            return self.proj(x)
+
+    inputs = keras.Input((4,))
+    outputs = EagerlyBuilt(name="b")(EagerlyBuilt(name="a")(inputs))
+    model = keras.Model(inputs, outputs)
+    with pytest.raises(keras_vllm.ArtifactError) as refused:
+        weights.backbone_weights(model)
+    message = str(refused.value)
+    assert "'proj/kernel'" in message
+    assert "Import keras_vllm before building" in message
