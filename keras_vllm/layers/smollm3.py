@@ -15,8 +15,9 @@ cos and sin are computed here from the same `inv_freq` and
 `attention_scaling`, the same float32 product and the same cast, at vLLM's
 positions.
 
-keras-hub 0.32's SmolLM3 layers also need two fixes before keras-vllm can
-use them at all; they are in `keras_vllm.layers.smollm3_fixes`.
+keras-hub 0.32's SmolLM3 layers also need fixes before keras-vllm can use
+them at all (under NNX, and for unique variable paths); they are in
+`keras_vllm.layers.smollm3_fixes`, installed on import.
 """
 
 from keras import ops

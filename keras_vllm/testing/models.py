@@ -3,8 +3,9 @@
 Each family's backbone keeps the shape of a real preset's config (the same
 classes, flags and special mechanics: sliding windows, soft caps, q/k norms,
 mixture of experts, ALiBi, partial rotary, RoPE scaling) but is shrunk to
-2 layers, hidden size 64, intermediate size 128, 4 query heads and 2 key/value
-heads (1 for Gemma 1), with head size 16. Tokenizers are trained locally
+2 layers (4 for SmolLM3, to reach its first layer without RoPE), hidden size
+64, intermediate size 128, 4 query heads and 2 key/value heads (1 for
+Gemma 1), with head size 16. Tokenizers are trained locally
 (`keras_vllm.testing.tokenizers`), so nothing is downloaded.
 """
 
