@@ -3,7 +3,10 @@
 - `keras_hub.models.CausalLM.export_vllm(path, ...)`, so every family has
   the export method;
 - a record of the preset each model was loaded from, so an export can
-  reference it without the user repeating the handle.
+  reference it without the user repeating the handle;
+- the fixes of keras-hub layers listed in
+  `keras_vllm.layers.keras_hub_fixes.FIXES`, each installed when keras-hub
+  imports the module that defines the layers (before any model is built).
 
 keras-hub is not imported just for this (importing it pulls in TensorFlow
 and, where installed, vLLM and torch: seconds that `keras-vllm inspect` and
@@ -17,6 +20,7 @@ import importlib.util
 import sys
 
 from keras_vllm import patching
+from keras_vllm.layers.keras_hub_fixes import FIXES
 
 _INSTALLED = False
 _TARGET = "keras_hub.src.models.causal_lm"
@@ -63,34 +67,52 @@ def _install_now():
         patching.replace(base, "from_preset", _record_preset)
 
 
+def _hooks():
+    """`{module name: function of the module}` to run once it is loaded."""
+    return {_TARGET: lambda module: _install_now(), **FIXES}
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Installs the hooks once keras-hub's `CausalLM` module has loaded."""
+    """Runs each hook once the keras-hub module it names has loaded."""
+
+    def __init__(self, hooks):
+        self.hooks = dict(hooks)
 
     def find_spec(self, name, path=None, target=None):
-        if name != _TARGET:
+        hook = self.hooks.pop(name, None)
+        if hook is None:
             return None
-        sys.meta_path.remove(self)
+        if not self.hooks:
+            sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
-        patching.replace(spec.loader, "exec_module", _then_install)
+        patching.replace(spec.loader, "exec_module", _then(hook))
         return spec
 
 
-def _then_install(exec_module):
+def _then(hook):
 
-    def exec_and_install(module):
-        exec_module(module)
-        _install_now()
+    def make(exec_module):
 
-    return exec_and_install
+        def exec_and_install(module):
+            exec_module(module)
+            hook(module)
+
+        return exec_and_install
+
+    return make
 
 
 def install():
     """Adds keras-vllm's hooks to keras-hub (idempotent)."""
-    if _INSTALLED:
+    if any(isinstance(f, _AfterImport) for f in sys.meta_path):
         return
-    if _TARGET in sys.modules:
-        _install_now()
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    later = {}
+    for name, hook in _hooks().items():
+        if name in sys.modules:
+            hook(sys.modules[name])
+        else:
+            later[name] = hook
+    if later:
+        sys.meta_path.insert(0, _AfterImport(later))

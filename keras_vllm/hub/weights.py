@@ -197,6 +197,15 @@ def backbone_weights(backbone):
     weights = {}
     for variable, value in backbone_values(backbone):
         if variable.path in weights:
-            raise ArtifactError(f"Duplicate variable path '{variable.path}'.")
+            raise ArtifactError(
+                f"Two variables of the backbone have the path "
+                f"'{variable.path}', and keras-vllm stores each variable "
+                "under its path. A KerasHub layer created them outside its "
+                "parent layer's name scope; `import keras_vllm` fixes the "
+                "KerasHub layers known to do so "
+                "(keras_vllm/layers/keras_hub_fixes.py) for models built "
+                "after it. Import keras_vllm before building or loading the "
+                "model."
+            )
         weights[variable.path] = np.asarray(value)
     return weights

@@ -42,18 +42,36 @@ def _takes_cache(layer):
     return any("cache" in name for name in _call_parameters(layer))
 
 
+def _registered_attention(layer):
+    """Whether the registry serves this layer as a KV-cache owner."""
+    paged_cls = registry.registered().get(type(layer))
+    return getattr(paged_cls, "_owns_kv_cache", False)
+
+
+def _passes_cache(layer):
+    # A registered attention class counts whatever its signature: some take
+    # their cache through `**kwargs`, which no parameter name shows.
+    return _takes_cache(layer) or _registered_attention(layer)
+
+
 def find_attention_layers(backbone):
     """Finds the layers that hold attention state, in the backbone's order.
 
-    A layer counts as attention when it is a Keras `MultiHeadAttention`, or
+    A layer counts as attention when it is a Keras `MultiHeadAttention`,
+    when its class is registered as paged attention (whatever its `call`
+    signature: a cache passed through `**kwargs` shows no parameter), or
     when its `call` takes a cache argument and none of its own sublayers
-    does (decoder blocks also pass a cache, but only down to attention).
-    This structural rule needs no list of families, so a new family's
-    attention is found (and refused if unsupported) without code changes.
+    passes one on (decoder blocks also pass a cache, but only down to
+    attention). This structural rule needs no list of families, so a new
+    family's attention is found (and refused if unsupported) without code
+    changes.
     """
     found = []
     for layer in backbone._flatten_layers(include_self=False, recursive=True):
         if isinstance(layer, keras.layers.MultiHeadAttention):
+            found.append(layer)
+            continue
+        if _registered_attention(layer):
             found.append(layer)
             continue
         if not _takes_cache(layer) or getattr(layer, "_is_paged_layer", False):
@@ -61,7 +79,7 @@ def find_attention_layers(backbone):
                 found.append(layer)
             continue
         children = layer._flatten_layers(include_self=False, recursive=True)
-        if not any(_takes_cache(child) for child in children):
+        if not any(_passes_cache(child) for child in children):
             found.append(layer)
     # A registered MultiHeadAttention subclass appears once only.
     unique = []

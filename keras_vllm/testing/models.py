@@ -3,8 +3,9 @@
 Each family's backbone keeps the shape of a real preset's config (the same
 classes, flags and special mechanics: sliding windows, soft caps, q/k norms,
 mixture of experts, ALiBi, partial rotary, RoPE scaling) but is shrunk to
-2 layers, hidden size 64, intermediate size 128, 4 query heads and 2 key/value
-heads (1 for Gemma 1), with head size 16. Tokenizers are trained locally
+2 layers (4 for SmolLM3, to reach its first layer without RoPE), hidden size
+64, intermediate size 128, 4 query heads and 2 key/value heads (1 for
+Gemma 1), with head size 16. Tokenizers are trained locally
 (`keras_vllm.testing.tokenizers`), so nothing is downloaded.
 """
 
@@ -34,6 +35,7 @@ FAMILIES = [
     "falcon",
     "bloom",
     "gpt_neo_x",
+    "smollm3",
 ]
 
 NUM_LAYERS = 2
@@ -185,6 +187,27 @@ _SPECS = {
     "gpt_neo_x": (
         "GPTNeoX",
         dict(_MHA, max_sequence_length=128, dropout=0.0),
+    ),
+    # SmolLM3 (3B shape): no RoPE ("NoPE") on every 4th layer, so 4 layers
+    # reach one; RoPE base 5M, tied embeddings, no biases.
+    "smollm3": (
+        "SmolLM3",
+        {
+            "num_layers": 4,
+            "num_attention_heads": NUM_QUERY_HEADS,
+            "num_key_value_heads": NUM_KEY_VALUE_HEADS,
+            "hidden_dim": HIDDEN_DIM,
+            "intermediate_dim": INTERMEDIATE_DIM,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "rope_layer_enabled_list": [True, True, True, False],
+            "layer_types": ["full_attention"] * 4,
+            "mlp_bias": False,
+            "layer_norm_epsilon": 1e-6,
+            "max_position_embeddings": 128,
+            "rope_theta": 5000000.0,
+            "partial_rotary_factor": 1.0,
+        },
     ),
 }
 

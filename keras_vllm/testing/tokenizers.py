@@ -4,7 +4,7 @@ No tokenizer asset can be downloaded in tests, so each family's tokenizer is
 trained on the spot from `keras_vllm.testing.data`:
 
 - Byte-level BPE families (GPT-2, OPT, Llama 3, Qwen*, Falcon, Bloom,
-  GPT-NeoX) train a byte-level BPE with Hugging Face `tokenizers`. KerasHub's
+  GPT-NeoX, SmolLM3) train a byte-level BPE with Hugging Face `tokenizers`. KerasHub's
   `BytePairTokenizer` wants merges as `"a b"` strings, not the `[a, b]` pairs
   newer `tokenizers` versions serialize, so merges are converted.
 - SentencePiece families (Llama 2, Mistral, Mixtral, Gemma*, Phi-3) train a
@@ -57,6 +57,7 @@ BPE_SPECIAL_TOKENS = {
     "falcon": ("<|endoftext|>",),
     "bloom": ("<unk>", "<s>", "</s>", "<pad>"),
     "gpt_neo_x": ("<|endoftext|>",),
+    "smollm3": ("<|begin_of_text|>", "<|end_of_text|>", "<think>", "</think>"),
 }
 
 # Families whose real vocabularies start with their special tokens. Their
@@ -135,6 +136,7 @@ _TOKENIZERS = {
     "falcon": ("FalconTokenizer", "bpe", "falcon"),
     "bloom": ("BloomTokenizer", "bpe", "bloom"),
     "gpt_neo_x": ("GPTNeoXTokenizer", "bpe", "gpt_neo_x"),
+    "smollm3": ("SmolLM3Tokenizer", "bpe", "smollm3"),
 }
 
 

@@ -37,6 +37,7 @@ OUTCOMES = {
     "Qwen3MoeCausalLM": "served",
     "QwenCausalLM": "served",
     "QwenMoeCausalLM": "served",
+    "SmolLM3CausalLM": "served",
     "BLIP2CausalLM": "BLIP2Backbone has no hidden_dim / vocabulary_size.*"
     "Missing capability: inputs images",
     "PARSeqCausalLM": "PARSeqBackbone has no hidden_dim.*"
@@ -52,8 +53,6 @@ OUTCOMES = {
     "GptOssCausalLM": _ATTENTION.format("GptOssAttention"),
     "Qwen3_5CausalLM": _ATTENTION.format("Qwen3_5GatedDeltaNet"),
     "Qwen3_5MoeCausalLM": _ATTENTION.format("Qwen3_5GatedDeltaNet"),
-    "SmolLM3CausalLM": "SmolLM3CausalLM cannot be served: SmolLM3Backbone "
-    "has no attention layers",
     "BLIP2Seq2SeqLM": _SEQ2SEQ,
     "BartSeq2SeqLM": _SEQ2SEQ,
     "EdRecSeq2SeqLM": _SEQ2SEQ,
@@ -180,15 +179,6 @@ _BACKBONES = {
         num_experts=4, top_k=2, linear_num_key_heads=2,
         linear_num_value_heads=4, linear_key_head_dim=16,
         linear_value_head_dim=16,
-    ),
-    "SmolLM3CausalLM": lambda vocab: keras_hub.models.SmolLM3Backbone(
-        vocabulary_size=vocab, hidden_dim=64, intermediate_dim=128,
-        num_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        attention_bias=False, attention_dropout=0.0,
-        rope_layer_enabled_list=[True, True, True, False],
-        layer_types=["full_attention"] * 4, mlp_bias=False,
-        layer_norm_epsilon=1e-6, max_position_embeddings=128,
-        rope_theta=10000.0, partial_rotary_factor=1.0,
     ),
 }
 

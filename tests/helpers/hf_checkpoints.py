@@ -26,6 +26,7 @@ _TOKENIZERS = {
     "qwen3": ("bpe", "qwen"),
     "qwen_moe": ("bpe", "qwen"),
     "qwen3_moe": ("bpe", "qwen"),
+    "smollm3": ("bpe", "smollm3"),
 }
 FAMILIES = tuple(_TOKENIZERS)
 
@@ -174,6 +175,14 @@ def _config(family, vocabulary_size):
         return transformers.Qwen3MoeConfig(
             **common, head_dim=8, num_experts=4, num_experts_per_tok=2,
             moe_intermediate_size=32,
+        )
+    if family == "smollm3":
+        # Four layers: the published NoPE interval (every 4th layer has no
+        # RoPE) reaches one.
+        return transformers.SmolLM3Config(
+            **dict(common, num_hidden_layers=4), no_rope_layer_interval=4,
+            tie_word_embeddings=True, pad_token_id=None, bos_token_id=None,
+            eos_token_id=None,
         )
     return transformers.GPT2Config(
         vocab_size=vocabulary_size, n_embd=32, n_layer=2, n_head=4,

@@ -1,7 +1,9 @@
 """Serving delta artifacts over Hugging Face-format checkpoints.
 
-For each family issue #15 names (a tiny checkpoint written locally with
-`transformers`; keras-hub converts it on load): the checkpoint's CausalLM
+For each family issue #15 names, and SmolLM3 (issue #35: its NoPE layers
+and keras-vllm's fixes of keras-hub's SmolLM3 classes, through keras-hub's
+own converter) (a tiny checkpoint written locally with `transformers`;
+keras-hub converts it on load): the checkpoint's CausalLM
 with some weights changed, the default `export_vllm(out)` (a delta pinning
 the checkpoint's files), one engine start in vLLM's default multiprocess
 mode, greedy output token-exact against `generate()` and teacher-forced
@@ -17,9 +19,10 @@ from keras_vllm import format as fmt
 from keras_vllm.hub import reference
 
 
-# The families issue #15 asks for; Qwen2 written sharded, as in
-# test_hf_presets.py, so the engine also reads the base through an index.
-FAMILIES = ("llama", "qwen2", "gemma2", "mistral", "gpt2")
+# The families issue #15 asks for, and SmolLM3 (#35); Qwen2 written
+# sharded, as in test_hf_presets.py, so the engine also reads the base
+# through an index.
+FAMILIES = ("llama", "qwen2", "gemma2", "mistral", "gpt2", "smollm3")
 SHARDED = {"qwen2": "20KB"}
 NEW_TOKENS = 16
 
