@@ -4,8 +4,8 @@ Each family's backbone keeps the shape of a real preset's config (the same
 classes, flags and special mechanics: sliding windows, soft caps, q/k norms,
 mixture of experts, ALiBi, partial rotary, RoPE scaling) but is shrunk to
 2 layers, hidden size 64, intermediate size 128, 4 query heads and 2 key/value
-heads (1 for Gemma 1), with head size 16. Tokenizers are trained locally
-(`keras_vllm.testing.tokenizers`), so nothing is downloaded.
+heads (1 for Gemma 1), with head size 16 (64 for GPT-OSS). Tokenizers are
+trained locally (`keras_vllm.testing.tokenizers`), so nothing is downloaded.
 """
 
 import os
@@ -34,6 +34,7 @@ FAMILIES = [
     "falcon",
     "bloom",
     "gpt_neo_x",
+    "gpt_oss",
 ]
 
 NUM_LAYERS = 2
@@ -185,6 +186,22 @@ _SPECS = {
     "gpt_neo_x": (
         "GPTNeoX",
         dict(_MHA, max_sequence_length=128, dropout=0.0),
+    ),
+    # GPT-OSS: attention sinks with head size 64 (every preset's, and the
+    # only one tpu-inference's sink kernel takes), YaRN RoPE as the presets
+    # (base 150000, factor 32), KerasHub's window on odd layers (layer 1 of
+    # 2), 4 experts top 2 (clamped SwiGLU with biases).
+    "gpt_oss": (
+        "GptOss",
+        dict(
+            _GQA,
+            head_dim=64,
+            num_experts=4,
+            top_k=2,
+            sliding_window=SLIDING_WINDOW,
+            rope_max_wavelength=150000,
+            rope_scaling_factor=32.0,
+        ),
     ),
 }
 

@@ -57,6 +57,7 @@ BPE_SPECIAL_TOKENS = {
     "falcon": ("<|endoftext|>",),
     "bloom": ("<unk>", "<s>", "</s>", "<pad>"),
     "gpt_neo_x": ("<|endoftext|>",),
+    "gpt_oss": ("<|endoftext|>",),
 }
 
 # Families whose real vocabularies start with their special tokens. Their
@@ -135,6 +136,7 @@ _TOKENIZERS = {
     "falcon": ("FalconTokenizer", "bpe", "falcon"),
     "bloom": ("BloomTokenizer", "bpe", "bloom"),
     "gpt_neo_x": ("GPTNeoXTokenizer", "bpe", "gpt_neo_x"),
+    "gpt_oss": ("GptOssTokenizer", "bpe", "gpt_oss"),
 }
 
 
