@@ -4,9 +4,10 @@ Unit level (no engine): each MoE family's routed subclass
 (`keras_vllm/layers/<family>.py`) against the KerasHub block it replaces,
 on the same weights, including router ties constructed on purpose and the
 padding rows of a token bucket. The served path (greedy tokens and prompt
-logprobs against Keras) is checked for every MoE family by
-`test_serving_more_families.py`, at TP=2 by `test_tensor_parallel.py`
-(Mixtral) and int8 by `test_quantized_serving.py` (Mixtral).
+logprobs against Keras) is checked for every MoE family by the family
+serving tests (`helpers/family_serving.py`), at TP=2 by
+`test_tensor_parallel.py` (Mixtral, GPT-OSS) and int8 by
+`test_quantized_serving.py` (Mixtral).
 
 GPT-OSS's block differs from the others: top-k on the router's logits,
 then a softmax over the k; experts with biases and clamped SwiGLU on
