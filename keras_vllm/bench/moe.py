@@ -145,7 +145,11 @@ def _row(name, stats):
 
 def run_shape(shape, new_tokens, rounds, family="mixtral"):
     moe, dense = build(shape, family)
-    vocabulary = moe.backbone.vocabulary_size
+    # Prompt ids both models' tokenizers know (GPT-OSS's BPE is larger
+    # than the dense model's SentencePiece).
+    vocabulary = min(
+        moe.backbone.vocabulary_size, dense.backbone.vocabulary_size
+    )
     sizes = {
         "moe": moe.backbone.count_params(),
         "dense": dense.backbone.count_params(),
