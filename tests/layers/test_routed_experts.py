@@ -196,3 +196,33 @@ def test_gpt_oss_clamps_and_biases():
     got, got_scores = routed(x)
     np.testing.assert_allclose(got_scores, want_scores, rtol=0, atol=0)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_grouped_kernel_path_adds_each_rows_biases(monkeypatch, family):
+    """The TPU path (grouped matmuls over expert-sorted rows), with
+    tpu-inference's kernel (TPU only) replaced by a per-row reference:
+    each row gets its own expert's biases, padding rows none, and the
+    result equals the CPU tile loop's."""
+    import jax.numpy as jnp
+
+    from keras_vllm.layers.common import expert_groups
+
+    def grouped_matmul(rows, counts, kernel):
+        ends = jnp.cumsum(counts)
+        ids = jnp.arange(rows.shape[0])
+        expert = jnp.sum(ends[None, :] <= ids[:, None], axis=1)
+        expert = jnp.minimum(expert, kernel.shape[0] - 1)
+        out = jnp.einsum("nh,nhm->nm", rows, kernel[expert])
+        return jnp.where((ids < ends[-1])[:, None], out, 0.0)
+
+    monkeypatch.setattr(expert_groups, "grouped_matmul_tpu", grouped_matmul)
+    _, routed = _pair(family)
+    tokens = _tokens(12, routed.hidden_dim, seed=8)[0]
+    _, weights, experts = routed.route(tokens)
+    want = np.asarray(routed.routed_output(tokens, weights, experts, 7))
+    got = np.asarray(routed.routed_output(
+        tokens, weights, experts, 7, grouped_kernel=True
+    ))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert (got[7:] == 0).all()
