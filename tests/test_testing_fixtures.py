@@ -78,8 +78,9 @@ def test_tokenizer(family):
     for token in tokenizer.special_tokens:
         assert tokenizer.token_to_id(token) is not None
     assert tokenizer.end_token_id is not None
-    if family.startswith("qwen") or family == "smollm3":
-        # As their real vocabularies: no start token is added.
+    # Qwen's, SmolLM3's and GPT-OSS's tokenizers add no start token (as
+    # their real vocabularies).
+    if family.startswith(("qwen", "gpt_oss")) or family == "smollm3":
         assert tokenizer.start_token_id is None
     else:
         assert tokenizer.start_token_id is not None

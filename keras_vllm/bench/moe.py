@@ -3,12 +3,15 @@
 ```
 python -m keras_vllm.bench.moe            # 8x2 and 32x4, ~20 min here
 python -m keras_vllm.bench.moe --shapes 8x2 --new-tokens 8
+python -m keras_vllm.bench.moe --family gpt_oss --shapes 8x2
 ```
 
-For each shape `ExK` it builds a Mixtral-shaped model (random weights;
-speed does not depend on their values) whose expert weights dominate a
-step, and a Mistral-shaped dense model of the same active size (same
-attention, intermediate = k experts' worth). It serves the MoE model twice,
+For each shape `ExK` it builds a Mixtral-shaped model (or, with
+`--family gpt_oss`, a GPT-OSS-shaped one: attention sinks with head_dim
+64, top-k-then-softmax router, clamped SwiGLU experts with biases; random
+weights: speed does not depend on their values) whose expert weights
+dominate a step, and a Mistral-shaped dense model of the same active size
+(same attention, intermediate = k experts' worth). It serves the MoE model twice,
 with `KERAS_VLLM_MOE_EXPERTS=dense` (every expert for every token, as
 KerasHub computes it) and `routed` (each token's top-k experts), and the
 dense model once, one engine after another (vLLM's default multiprocess
@@ -39,19 +42,28 @@ PREFILL_PROMPTS, PREFILL_TOKENS = 8, 128
 REPEATS = 3
 
 
-def build(shape):
+# The MoE families this benchmark builds, and their head size (GPT-OSS's
+# sinks need 64; its expert weights, `[E, H, 2I]` and `[E, I, H]`, are as
+# many bytes as Mixtral's three `[E, H, I]` kernels).
+HEAD_DIMS = {"mixtral": BASE["hidden_dim"] // BASE["num_query_heads"],
+             "gpt_oss": 64}
+
+
+def build(shape, family="mixtral"):
     """`(moe_model, dense_model)` for a shape `(experts, top_k)`."""
     from keras_vllm import testing
 
     experts, top_k = shape
     inner = EXPERT_INTERMEDIATE.get(experts, 8192 // experts)
+    head_dim = HEAD_DIMS[family]
+    extra = {} if family == "mixtral" else {"head_dim": head_dim}
     moe = testing.build_tiny_causal_lm(
-        "mixtral", num_experts=experts, top_k=top_k,
-        intermediate_dim=inner, sliding_window=512, **BASE,
+        family, num_experts=experts, top_k=top_k,
+        intermediate_dim=inner, sliding_window=512, **BASE, **extra,
     )
     dense = testing.build_tiny_causal_lm(
         "mistral", intermediate_dim=top_k * inner, sliding_window=512,
-        head_dim=BASE["hidden_dim"] // BASE["num_query_heads"], **BASE,
+        head_dim=head_dim, **BASE,
     )
     return moe, dense
 
@@ -131,9 +143,13 @@ def _row(name, stats):
             f"{stats['decode_c32_ms']:.1f}", f"{stats['prefill_tok_s']:.0f}"]
 
 
-def run_shape(shape, new_tokens, rounds):
-    moe, dense = build(shape)
-    vocabulary = moe.backbone.vocabulary_size
+def run_shape(shape, new_tokens, rounds, family="mixtral"):
+    moe, dense = build(shape, family)
+    # Prompt ids both models' tokenizers know (GPT-OSS's BPE is larger
+    # than the dense model's SentencePiece).
+    vocabulary = min(
+        moe.backbone.vocabulary_size, dense.backbone.vocabulary_size
+    )
     sizes = {
         "moe": moe.backbone.count_params(),
         "dense": dense.backbone.count_params(),
@@ -162,16 +178,19 @@ def main():
                         help="experts x top-k, comma-separated")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--family", default="mixtral", choices=HEAD_DIMS,
+                        help="the MoE model's family")
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()}")
     for text in args.shapes.split(","):
         experts, top_k = (int(n) for n in text.lower().split("x"))
         sizes, stats = run_shape((experts, top_k), args.new_tokens,
-                                 args.rounds)
+                                 args.rounds, args.family)
         dense_moe = stats["MoE, dense experts"]
         routed = stats["MoE, routed experts"]
         same = stats["dense, same active size"]
-        print(f"\n{experts} experts, top-{top_k}: MoE {sizes['moe']:,} "
+        print(f"\n{args.family}, {experts} experts, top-{top_k}: MoE "
+              f"{sizes['moe']:,} "
               f"parameters, dense {sizes['dense']:,}; {args.new_tokens} new "
               f"tokens per decode timing, best of {args.rounds} round(s); "
               f"load average {os.getloadavg()}")

@@ -8,6 +8,7 @@ from keras_vllm.layers import falcon  # noqa: F401
 from keras_vllm.layers import gemma  # noqa: F401
 from keras_vllm.layers import gemma3  # noqa: F401
 from keras_vllm.layers import gpt2  # noqa: F401
+from keras_vllm.layers import gpt_oss  # noqa: F401
 from keras_vllm.layers import gpt_neo_x  # noqa: F401
 from keras_vllm.layers import llama  # noqa: F401
 from keras_vllm.layers import mistral  # noqa: F401

@@ -5,7 +5,7 @@ classes, flags and special mechanics: sliding windows, soft caps, q/k norms,
 mixture of experts, ALiBi, partial rotary, RoPE scaling) but is shrunk to
 2 layers (4 for SmolLM3, to reach its first layer without RoPE), hidden size
 64, intermediate size 128, 4 query heads and 2 key/value heads (1 for
-Gemma 1), with head size 16. Tokenizers are trained locally
+Gemma 1), with head size 16 (64 for GPT-OSS). Tokenizers are trained locally
 (`keras_vllm.testing.tokenizers`), so nothing is downloaded.
 """
 
@@ -36,6 +36,7 @@ FAMILIES = [
     "bloom",
     "gpt_neo_x",
     "smollm3",
+    "gpt_oss",
 ]
 
 NUM_LAYERS = 2
@@ -208,6 +209,22 @@ _SPECS = {
             "rope_theta": 5000000.0,
             "partial_rotary_factor": 1.0,
         },
+    ),
+    # GPT-OSS: attention sinks with head size 64 (every preset's, and the
+    # only one tpu-inference's sink kernel takes), YaRN RoPE as the presets
+    # (base 150000, factor 32), KerasHub's window on odd layers (layer 1 of
+    # 2), 4 experts top 2 (clamped SwiGLU with biases).
+    "gpt_oss": (
+        "GptOss",
+        dict(
+            _GQA,
+            head_dim=64,
+            num_experts=4,
+            top_k=2,
+            sliding_window=SLIDING_WINDOW,
+            rope_max_wavelength=150000,
+            rope_scaling_factor=32.0,
+        ),
     ),
 }
 

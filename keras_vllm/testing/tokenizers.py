@@ -58,6 +58,7 @@ BPE_SPECIAL_TOKENS = {
     "bloom": ("<unk>", "<s>", "</s>", "<pad>"),
     "gpt_neo_x": ("<|endoftext|>",),
     "smollm3": ("<|begin_of_text|>", "<|end_of_text|>", "<think>", "</think>"),
+    "gpt_oss": ("<|endoftext|>",),
 }
 
 # Families whose real vocabularies start with their special tokens. Their
@@ -137,6 +138,7 @@ _TOKENIZERS = {
     "bloom": ("BloomTokenizer", "bpe", "bloom"),
     "gpt_neo_x": ("GPTNeoXTokenizer", "bpe", "gpt_neo_x"),
     "smollm3": ("SmolLM3Tokenizer", "bpe", "smollm3"),
+    "gpt_oss": ("GptOssTokenizer", "bpe", "gpt_oss"),
 }
 
 

@@ -297,3 +297,31 @@ def test_shared_paged_attention_default_mesh(patched):
     )(args[3], *args[:3], _metadata(args))
     np.testing.assert_allclose(out[:total], ref_out, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(new_cache, ref_cache)
+
+
+def test_shared_paged_attention_takes_sinks(patched):
+    """`paged_attention(sinks=...)` reaches the head_dim 64 kernel through
+    tpu-inference's interface (as its reference computes them, with a
+    window); other head dims are refused by name, as tpu-inference does."""
+    from keras_vllm.layers.common.paged_attention import paged_attention
+
+    rng = np.random.default_rng(64)
+    args, total = _make_batch(rng, BATCHES["mixed"], 4, 2, 64)
+    sinks = jnp.asarray(rng.standard_normal(4), jnp.float32)
+    ref_out, ref_cache = rpa_hd64.ref_ragged_paged_attention_hd64(
+        *args, sinks, sm_scale=0.125, sliding_window=6)
+    no_sink, _ = rpa_hd64.ref_ragged_paged_attention_hd64(
+        *args, sm_scale=0.125, sliding_window=6)
+    assert np.abs(np.asarray(ref_out - no_sink)).max() > 1e-3
+    q, k, v, kv_cache = args[:4]
+    new_cache, out = jax.jit(
+        lambda c, q, k, v, md, s: paged_attention(
+            c, q, k, v, md, sm_scale=0.125, sliding_window=6, sinks=s)
+    )(kv_cache, q, k, v, _metadata(args), sinks)
+    np.testing.assert_allclose(out[:total], ref_out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(new_cache, ref_cache)
+
+    args, _ = _make_batch(rng, BATCHES["decode"], 4, 2, 32)
+    with pytest.raises(NotImplementedError, match="sinks need head_dim 64"):
+        paged_attention(args[3], *args[:3], _metadata(args), sm_scale=0.25,
+                        sinks=sinks)

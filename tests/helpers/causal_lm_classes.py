@@ -25,6 +25,7 @@ OUTCOMES = {
     "FalconCausalLM": "served",
     "GPT2CausalLM": "served",
     "GPTNeoXCausalLM": "served",
+    "GptOssCausalLM": "served",
     "Gemma3CausalLM": "served",
     "GemmaCausalLM": "served",
     "Llama3CausalLM": "served",
@@ -50,7 +51,6 @@ OUTCOMES = {
     "speculative decoding",
     "Gemma4CausalLM": "Gemma4Backbone takes inputs position_ids .*"
     + _ATTENTION.format("Gemma4TextAttention"),
-    "GptOssCausalLM": _ATTENTION.format("GptOssAttention"),
     "Qwen3_5CausalLM": _ATTENTION.format("Qwen3_5GatedDeltaNet"),
     "Qwen3_5MoeCausalLM": _ATTENTION.format("Qwen3_5GatedDeltaNet"),
     "BLIP2Seq2SeqLM": _SEQ2SEQ,
@@ -161,6 +161,9 @@ _BACKBONES = {
         vit_num_heads=2, vit_hidden_dim=32, vit_num_layers=1, **_TINY,
     ),
     "Gemma4CausalLM": _gemma4,
+    # Served with head_dim 64 only (its attention sinks): this head_dim 16
+    # model is refused, and exported for Keras-side use by
+    # `test_allow_unservable_exports_for_keras_side_use`.
     "GptOssCausalLM": lambda vocab: keras_hub.models.GptOssBackbone(
         vocabulary_size=vocab, num_query_heads=4, num_key_value_heads=2,
         num_experts=4, top_k=2, sliding_window=16, head_dim=16, **_TINY,

@@ -4,9 +4,15 @@ Unit level (no engine): each MoE family's routed subclass
 (`keras_vllm/layers/<family>.py`) against the KerasHub block it replaces,
 on the same weights, including router ties constructed on purpose and the
 padding rows of a token bucket. The served path (greedy tokens and prompt
-logprobs against Keras) is checked for every MoE family by
-`test_serving_more_families.py`, at TP=2 by `test_tensor_parallel.py`
-(Mixtral) and int8 by `test_quantized_serving.py` (Mixtral).
+logprobs against Keras) is checked for every MoE family by the family
+serving tests (`helpers/family_serving.py`), at TP=2 by
+`test_tensor_parallel.py` (Mixtral, GPT-OSS) and int8 by
+`test_quantized_serving.py` (Mixtral).
+
+GPT-OSS's block differs from the others: top-k on the router's logits,
+then a softmax over the k; experts with biases and clamped SwiGLU on
+interleaved gate/up columns. Its zero-initialised biases are randomised
+here so that they count, and one test drives the clamps.
 """
 
 import numpy as np
@@ -15,8 +21,9 @@ import pytest
 from keras_vllm import envs
 from keras_vllm import testing
 from keras_vllm.layers import swap
+from keras_vllm.layers.common.routed_experts import RoutedExperts
 
-MOE_FAMILIES = ("mixtral", "qwen_moe", "qwen3_moe")
+MOE_FAMILIES = ("mixtral", "qwen_moe", "qwen3_moe", "gpt_oss")
 
 
 def _backbone(family, **overrides):
@@ -26,12 +33,34 @@ def _backbone(family, **overrides):
 
 def _blocks(backbone):
     layers = backbone._flatten_layers(include_self=False, recursive=True)
-    return [layer for layer in layers if hasattr(layer, "expert_bank")]
+    return [
+        layer for layer in layers
+        if issubclass(swap.paged_class_for(layer) or object, RoutedExperts)
+    ]
+
+
+def _router(block):
+    """The router's Dense layer (GPT-OSS keeps it in a router sublayer)."""
+    if hasattr(block, "_sparse_feedforward_gate_dense"):
+        return block._sparse_feedforward_gate_dense
+    return block.router.router_dense
+
+
+def _randomize_biases(block, seed=11):
+    """Random values in the block's zero-initialised biases (GPT-OSS's
+    router and experts), so that a missing bias shows."""
+    rng = np.random.default_rng(seed)
+    for weight in block.weights:
+        if "bias" in weight.path and not np.asarray(weight).any():
+            weight.assign(
+                0.5 * rng.standard_normal(weight.shape).astype("float32")
+            )
 
 
 def _pair(family, **overrides):
     """A KerasHub MoE block and a routed copy with the same weights."""
     keras_block = _blocks(_backbone(family, **overrides))[0]
+    _randomize_biases(keras_block)
     served = _backbone(family, **overrides)
     routed = _blocks(served)[0]
     routed.set_weights(keras_block.get_weights())
@@ -68,13 +97,13 @@ def test_router_ties_are_decided_like_keras(family):
     `jax.lax.top_k` (KerasHub's `ops.top_k`) keeps the lower indices, 1
     and 2; picking expert 3 instead would change the output."""
     keras_block, routed = _pair(family)
-    router = keras_block._sparse_feedforward_gate_dense
+    router = _router(keras_block)
     column = np.random.default_rng(7).standard_normal(keras_block.hidden_dim)
     kernel = np.stack([-column, column, column, column], axis=1)
     for block in (keras_block, routed):
-        block._sparse_feedforward_gate_dense.kernel.assign(
-            kernel.astype("float32")
-        )
+        _router(block).kernel.assign(kernel.astype("float32"))
+        if _router(block).bias is not None:
+            _router(block).bias.assign(np.zeros(4, "float32"))
     x = _tokens(9, keras_block.hidden_dim, seed=3)
     # Tokens on the positive side of the column: experts 1-3 tie on top.
     x = x * np.sign(x[0] @ column)[None, :, None]
@@ -125,8 +154,9 @@ def test_more_experts_and_larger_top_k():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_dense_switch_serves_the_keras_block(monkeypatch):
-    keras_block, routed = _pair("mixtral")
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_dense_switch_serves_the_keras_block(monkeypatch, family):
+    keras_block, routed = _pair(family)
     monkeypatch.setenv(envs.MOE_EXPERTS.name, "dense")
     x = _tokens(6, keras_block.hidden_dim)
     want, _ = keras_block(x)
@@ -146,3 +176,53 @@ def test_swap_reclasses_moe_blocks_not_attention(family):
     assert len(blocks) == backbone.num_layers
     assert all(getattr(b, "_is_paged_layer", False) for b in blocks)
     assert swap.find_attention_layers(backbone) == attention
+
+
+def test_gpt_oss_clamps_and_biases():
+    """Expert kernels large enough that the gate and up projections pass
+    the clamps (7) in both directions: the routed experts clamp as
+    KerasHub's do, after their biases."""
+    keras_block, routed = _pair("gpt_oss")
+    bank = keras_block.experts
+    rng = np.random.default_rng(3)
+    kernel = rng.standard_normal(bank.gate_up_proj.shape).astype("float32")
+    for block in (keras_block, routed):
+        block.experts.gate_up_proj.assign(kernel)
+    x = _tokens(24, keras_block.hidden_dim, seed=4)
+    gate_up = np.einsum("th,ehm->etm", x[0], bank.gate_up_proj)
+    assert (gate_up[..., ::2] > bank.limit).any()
+    assert (np.abs(gate_up[..., 1::2]) > bank.limit).any()
+    want, want_scores = keras_block(x)
+    got, got_scores = routed(x)
+    np.testing.assert_allclose(got_scores, want_scores, rtol=0, atol=0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_grouped_kernel_path_adds_each_rows_biases(monkeypatch, family):
+    """The TPU path (grouped matmuls over expert-sorted rows), with
+    tpu-inference's kernel (TPU only) replaced by a per-row reference:
+    each row gets its own expert's biases, padding rows none, and the
+    result equals the CPU tile loop's."""
+    import jax.numpy as jnp
+
+    from keras_vllm.layers.common import expert_groups
+
+    def grouped_matmul(rows, counts, kernel):
+        ends = jnp.cumsum(counts)
+        ids = jnp.arange(rows.shape[0])
+        expert = jnp.sum(ends[None, :] <= ids[:, None], axis=1)
+        expert = jnp.minimum(expert, kernel.shape[0] - 1)
+        out = jnp.einsum("nh,nhm->nm", rows, kernel[expert])
+        return jnp.where((ids < ends[-1])[:, None], out, 0.0)
+
+    monkeypatch.setattr(expert_groups, "grouped_matmul_tpu", grouped_matmul)
+    _, routed = _pair(family)
+    tokens = _tokens(12, routed.hidden_dim, seed=8)[0]
+    _, weights, experts = routed.route(tokens)
+    want = np.asarray(routed.routed_output(tokens, weights, experts, 7))
+    got = np.asarray(routed.routed_output(
+        tokens, weights, experts, 7, grouped_kernel=True
+    ))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert (got[7:] == 0).all()

@@ -38,6 +38,10 @@ MECHANISMS = {
 # (tpu-inference repeats them, and the KV cache is padded). Every engine
 # costs 30-60 s of CI on 2 cores.
 CASES = [(family, tp) for tp in (2, 4) for family in MECHANISMS]
+# GPT-OSS at TP=2 only: attention sinks split with their heads (tpu-inference
+# shards them over the heads axis), routed experts with biases split over
+# the experts, a sliding window on one layer.
+CASES.append(("gpt_oss", 2))
 
 
 @pytest.fixture(

@@ -83,6 +83,7 @@ class PagedAttention:
         sliding_window=None,
         soft_cap=None,
         alibi_slopes=None,
+        sinks=None,
     ):
         """Attends over vLLM's paged KV cache for this layer.
 
@@ -97,7 +98,11 @@ class PagedAttention:
                 `slope * (k_pos - q_pos)` in logit units (after `sm_scale`).
                 tpu-inference's kernel has no additive bias, so these layers
                 attend through `alibi_attention.paged_alibi_attention`
-                (same cache, pure JAX); no window or soft cap with it.
+                (same cache, pure JAX); no window, soft cap or sinks with it.
+            sinks: one logit per query head for an attention sink: one
+                more softmax column with that logit and a zero value, so
+                each head may attend to "nothing". tpu-inference takes
+                sinks in its head_dim 64 kernel only (`paged_attention`).
 
         Returns:
             `[T, 1, num_query_heads, head_dim]` in the query's dtype.
@@ -114,9 +119,10 @@ class PagedAttention:
         if alibi_slopes is not None:
             from keras_vllm.layers.common.alibi_attention import paged_alibi_attention
 
-            if sliding_window is not None or soft_cap is not None:
+            if any(a is not None for a in (sliding_window, soft_cap, sinks)):
                 raise ValueError(
-                    "ALiBi paged attention takes no sliding window or soft cap."
+                    "ALiBi paged attention takes no sliding window, soft cap "
+                    "or sinks."
                 )
             new_cache, out = paged_alibi_attention(
                 *args,
@@ -132,6 +138,7 @@ class PagedAttention:
                 sm_scale=float(sm_scale),
                 sliding_window=sliding_window,
                 soft_cap=soft_cap,
+                sinks=None if sinks is None else ops.convert_to_tensor(sinks),
                 mesh=context.mesh,
             )
         context.write_cache(index, new_cache)

@@ -30,6 +30,7 @@ def paged_attention(
     sm_scale,
     sliding_window=None,
     soft_cap=None,
+    sinks=None,
     mesh=None,
 ):
     """Writes this step's K/V into a layer's paged cache and attends over it.
@@ -51,6 +52,10 @@ def paged_attention(
         sliding_window: if set, a query at position `q` sees keys at `k` with
             `q - k < sliding_window` (the TPU kernel's convention).
         soft_cap: if set, logits become `soft_cap * tanh(logits / soft_cap)`.
+        sinks: if set, `[Hq]` attention-sink logits: each head's softmax
+            gets one more column with that logit and a zero value. Only
+            tpu-inference's head_dim 64 kernel takes sinks (it refuses them
+            for other head dims, and so does this call, by name).
         mesh: the `jax.sharding.Mesh` the model was built with. If None, the
             mesh of the enclosing `jax.set_mesh(...)` context is used (the
             tpu-inference runner sets it around every step), and outside any
@@ -69,6 +74,14 @@ def paged_attention(
     # 128. Zero padding is exact: it adds 0 to every q.k and yields zero
     # output columns, which are cut off again below.
     padded_dim = get_padded_head_dim(head_dim)
+    if sinks is not None:
+        if padded_dim != 64:
+            raise NotImplementedError(
+                f"Attention sinks need head_dim 64 (tpu-inference's hd64 "
+                f"kernel is the only one that takes them); got {head_dim}."
+            )
+        # The kernels read sinks as float32, one per query head.
+        sinks = jnp.asarray(sinks, jnp.float32).reshape(-1)
     if padded_dim != head_dim:
         pad = [(0, 0), (0, 0), (0, padded_dim - head_dim)]
         query = jnp.pad(query, pad)
@@ -89,6 +102,7 @@ def paged_attention(
         # sliding_window here); the kernel masks q - k >= window.
         attention_chunk_size=sliding_window,
         attn_logits_soft_cap=soft_cap,
+        sinks=sinks,
     )
     return new_kv_cache, out[..., :head_dim]
 

@@ -10,6 +10,8 @@ declares, once, what differs between families:
   (`softmax_top_k` is the usual softmax, top-k, optionally renormalised);
 - `expert_kernels()`: the experts' input kernels (`[E, hidden, ...]`,
   one or two) and output kernel (`[E, intermediate, hidden]`);
+- `expert_biases()`: per-expert biases added to those projections
+  (`[E, ...]`, or None where a kernel has none), or None for no biases;
 - `expert_hidden(*projected)`: the expert's activation of the projected
   rows (SwiGLU and its precision);
 - `shared_expert(tokens)`: an always-on expert added to the routed output
@@ -90,6 +92,12 @@ class RoutedExperts:
         variables and one `[E, I, H]` variable."""
         raise NotImplementedError
 
+    def expert_biases(self):
+        """`(input_biases, output_bias)` matching `expert_kernels()`: each
+        an `[E, ...]` variable added to that kernel's product, or None
+        where it has no bias; or None when no kernel has one."""
+        return None
+
     def expert_hidden(self, *projected):
         """The expert's intermediate activation of its projected rows."""
         raise NotImplementedError
@@ -103,10 +111,14 @@ class RoutedExperts:
 
     def call(self, hidden_states, attention_mask=None, training=None):
         if not routed_moe_enabled():
-            return self._keras_block().call(
-                self, hidden_states, attention_mask=attention_mask,
-                training=training,
-            )
+            # Only what was given: some KerasHub blocks' `call` takes the
+            # hidden states alone.
+            kwargs = {
+                name: value for name, value in (
+                    ("attention_mask", attention_mask), ("training", training)
+                ) if value is not None
+            }
+            return self._keras_block().call(self, hidden_states, **kwargs)
         shape = ops.shape(hidden_states)
         tokens = ops.reshape(hidden_states, (-1, shape[-1]))
         router_logits, weights, experts = self.route(tokens)
@@ -138,6 +150,13 @@ class RoutedExperts:
         input_kernels, output_kernel = self.expert_kernels()
         input_kernels = [ops.convert_to_tensor(k) for k in input_kernels]
         output_kernel = ops.convert_to_tensor(output_kernel)
+        biases = self.expert_biases()
+        if biases is None:
+            biases = ((None,) * len(input_kernels), None)
+        biases = [
+            None if b is None else ops.convert_to_tensor(b)
+            for b in list(biases[0]) + [biases[1]]
+        ]
         num_tokens, top_k = experts.shape
         num_experts = output_kernel.shape[0]
         order, counts = expert_groups.sort_pairs(
@@ -145,17 +164,38 @@ class RoutedExperts:
         )
         rows = ops.take(tokens, order // top_k, axis=0)
         if grouped_kernel:
+            # Each sorted row's expert, for its biases; rows in no group
+            # (padding, sorted last) stay zero, as the grouped matmul
+            # leaves them.
+            row_experts = jnp.minimum(
+                jnp.reshape(experts, (-1,))[order].astype(jnp.int32),
+                num_experts - 1,
+            )
+            grouped = (jnp.arange(rows.shape[0]) < jnp.sum(counts))[:, None]
+
+            def project(x, kernel, bias):
+                out = expert_groups.grouped_matmul_tpu(x, counts, kernel)
+                if bias is None:
+                    return out
+                bias = ops.take(bias, row_experts, axis=0)
+                return out + jnp.where(grouped, bias, jnp.zeros_like(bias))
+
             projected = [
-                expert_groups.grouped_matmul_tpu(rows, counts, kernel)
-                for kernel in input_kernels
+                project(rows, kernel, bias)
+                for kernel, bias in zip(input_kernels, biases)
             ]
-            out = expert_groups.grouped_matmul_tpu(
-                self.expert_hidden(*projected), counts, output_kernel
+            out = project(
+                self.expert_hidden(*projected), output_kernel, biases[-1]
             )
         else:
+            with_bias = tuple(b is not None for b in biases)
             out = expert_groups.grouped_ffn_cpu(
-                rows, counts, self._expert_ffn,
-                input_kernels + [output_kernel],
+                rows, counts,
+                lambda tile, *params: self._expert_ffn(
+                    tile, with_bias, *params
+                ),
+                input_kernels + [output_kernel]
+                + [b for b in biases if b is not None],
                 expert_groups.tile_rows_for(num_tokens * top_k, num_experts),
             )
         # Back to (token, slot) order, then each token's weighted sum.
@@ -164,6 +204,19 @@ class RoutedExperts:
         weights = ops.cast(weights, tokens.dtype)
         return ops.sum(pairs * weights[:, :, None], axis=1)
 
-    def _expert_ffn(self, tile, *kernels):
-        projected = [ops.matmul(tile, kernel) for kernel in kernels[:-1]]
-        return ops.matmul(self.expert_hidden(*projected), kernels[-1])
+    def _expert_ffn(self, tile, with_bias, *params):
+        """One expert's feed-forward on a tile: `params` are its kernels
+        (inputs, then output) and then its biases, where `with_bias` says
+        (one flag per kernel) which kernels have one."""
+        kernels = params[:len(with_bias)]
+        rest = iter(params[len(with_bias):])
+        biases = [next(rest) if has else None for has in with_bias]
+
+        def apply(x, kernel, bias):
+            out = ops.matmul(x, kernel)
+            return out if bias is None else out + bias
+
+        projected = [
+            apply(tile, k, b) for k, b in zip(kernels[:-1], biases[:-1])
+        ]
+        return apply(self.expert_hidden(*projected), kernels[-1], biases[-1])
