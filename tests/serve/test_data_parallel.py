@@ -4,8 +4,9 @@ tpu-inference serves data parallelism as one engine over a `(data, model)`
 mesh: its `DPScheduler` places each request on one replica, each replica
 caches its requests in its own KV-cache pages, and one SPMD program runs
 every replica's batch. One engine per configuration, DP=2 alone and
-DP=2 x TP=2 (4 devices), on the same fine-tuned tiny Llama as the
-single-device tests; refusals need no engine.
+DP=2 x TP=2 (4 devices), and plain `vllm serve --data-parallel-size 2` over
+HTTP, on the same fine-tuned tiny Llama as the single-device tests;
+refusals need no engine.
 """
 
 import numpy as np
@@ -226,3 +227,60 @@ def test_a_data_parallel_batch_reads_each_replicas_metadata():
     assert requests[real].tolist() == [0, 0, 0, 1, 1, 4, 4, 4, 4]
     lengths = metadata.seq_lens[requests[real]]
     assert lengths.tolist() == [7, 7, 7, 2, 2, 9, 9, 9, 9]
+
+
+# Plain `vllm serve --data-parallel-size 2` over HTTP: one more engine.
+
+
+@pytest.fixture(scope="module")
+def http_server(tmp_path_factory):
+    import os
+    import sys
+
+    from helpers import engine_shapes
+    from helpers.http_server import running_server
+
+    model = trained(FAMILY)
+    path = model.export_vllm(
+        tmp_path_factory.mktemp("http") / "artifact",
+        max_sequence_length=256, golden_prompts=[],
+    )
+    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
+    log_path = tmp_path_factory.mktemp("http_log") / "server.log"
+    command = [vllm, "serve", path, "--data-parallel-size", "2",
+               *engine_shapes.SERVE_ARGS]
+    with running_server(command, log_path, timeout=600) as url:
+        yield url, path, model
+
+
+def test_vllm_serve_answers_concurrent_clients_exactly(http_server):
+    """18 clients at once (vLLM puts two API servers in front of the one
+    data-parallel engine); a structured request gets a 400 naming it, and
+    the server serves on."""
+    import concurrent.futures
+
+    requests = pytest.importorskip("requests")
+    url, path, model = http_server
+    prompts = _prompts()
+    ids = _ids(model, prompts)
+    expected = serving_checks.expected_batch(
+        reference.greedy_continuation, model, ids, NEW_TOKENS
+    )
+
+    def complete(prompt_ids):
+        response = requests.post(url + "/v1/completions", json={
+            "model": path, "prompt": prompt_ids, "max_tokens": NEW_TOKENS,
+            "temperature": 0.0, "ignore_eos": True, "return_token_ids": True,
+        }, timeout=300)
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["token_ids"]
+
+    with concurrent.futures.ThreadPoolExecutor(len(ids)) as pool:
+        assert list(pool.map(complete, ids)) == expected
+    response = requests.post(url + "/v1/completions", json={
+        "model": path, "prompt": "a", "max_tokens": 4,
+        "structured_outputs": {"choice": ["yes", "no"]},
+    }, timeout=120)
+    assert response.status_code == 400, response.text
+    assert "data-parallel engine" in response.text
+    assert complete(ids[0]) == expected[0]

@@ -150,7 +150,8 @@ def install():
             if isinstance(params, SamplingParams) and serves_artifact(
                 self.model_config
             ):
-                check(params, replicas=_replicas(self.vllm_config))
+                config = getattr(self, "vllm_config", None)
+                check(params, replicas=_replicas(config))
             return result
 
         return _validate_params
