@@ -132,11 +132,9 @@ def test_structured_outputs_are_refused_by_name(served):
     )
 
 
-def test_live_update_reaches_every_replica(served, tmp_path):
-    """Last in the module: the engine serves other weights afterwards."""
-    dp, tp, _, engine = served
-    if tp > 1:
-        pytest.skip("one live update per module: the DP-only engine")
+@pytest.fixture(scope="module")
+def other_weights(tmp_path_factory):
+    """The fixture with other weights, exported (for the live update)."""
     other = trained_copy(FAMILY)
     rng = np.random.default_rng(0)
     other.set_weights([
@@ -144,8 +142,16 @@ def test_live_update_reaches_every_replica(served, tmp_path):
         for w in other.get_weights()
     ])
     path = other.export_vllm(
-        tmp_path / "other", max_sequence_length=256, golden_prompts=[]
+        tmp_path_factory.mktemp("other") / "artifact",
+        max_sequence_length=256, golden_prompts=[],
     )
+    return other, path
+
+
+def test_live_update_reaches_every_replica(served, other_weights):
+    """Last in the module: the engine serves other weights afterwards."""
+    _, _, _, engine = served
+    other, path = other_weights
     result = engine.update_weights(path)
     assert result["variables"] > 0
     prompts = _prompts()
