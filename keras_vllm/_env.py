@@ -39,7 +39,8 @@ def jax_could_use_a_gpu():
 
 
 def configure_environment():
-    """Sets the JAX backend and NNX mode unless the user chose otherwise.
+    """Sets the JAX backend, NNX mode and data-parallel mode unless the
+    user chose otherwise.
 
     On a host with neither a TPU nor a GPU that JAX could use, it also pins
     JAX to CPU devices, so that an installed libtpu does not probe for
@@ -50,6 +51,13 @@ def configure_environment():
     """
     envs.KERAS_BACKEND.setdefault(envs.KERAS_BACKEND.default)
     envs.KERAS_NNX_ENABLED.setdefault(envs.KERAS_NNX_ENABLED.default)
+    # `data_parallel_size` as one engine over a (data, model) mesh, the mode
+    # tpu-inference gives `vllm.LLM` and the one tested here, for `vllm
+    # serve` too (tpu-inference would start one engine per replica there).
+    # Set at import, not per engine: it is an import-time variable to the
+    # engine fork server (`serve/process/start.py`), which a later change
+    # would make spawn every engine instead.
+    envs.TPU_MULTIPROCESS_DP.setdefault("0")
     from keras_vllm.cpu.detect import is_cpu_host
 
     if _or_default(is_cpu_host, False) and not jax_could_use_a_gpu():

@@ -244,6 +244,14 @@ TPU_ACCELERATOR_TYPE = Variable(
     "Set on Cloud TPU VMs and GKE TPU pods: a TPU host.",
     "cpu/detect.py",
 )
+TPU_MULTIPROCESS_DP = Variable(
+    "TPU_MULTIPROCESS_DP", "0 or 1", None,
+    "tpu-inference's: 1 runs vLLM's data-parallel engines (one engine core "
+    "per replica), 0 one engine over a (data, model) mesh. keras-vllm sets "
+    "0 unless the user set it, so `vllm serve` serves data parallelism as "
+    "`KerasVllmEngine` does (tpu-inference picks 1 there by itself).",
+    "_env.py",
+)
 CI = Variable(
     "CI", "any value", None,
     "Set: progress lines are not drawn with verbose='auto'.",

@@ -8,8 +8,10 @@ step on the ~128M-parameter benchmark model took 55.9 ms in the 16-token
 bucket and 42.3 ms with 1-token buckets, against 43 ms for KerasHub's own
 `generate()` (docs/benchmarks.md, "The smallest token bucket").
 
-So on CPU the engine gets one more bucket, of one token (tpu-inference's
-`compilation_sizes`, which joins its bucket list): one more program to
+So on CPU the engine gets one more bucket, of one token per data-parallel
+replica (tpu-inference's `compilation_sizes`, which joins its bucket list;
+its buckets count the tokens of all replicas, each replica's share
+splitting evenly over the mesh's `data` axis): one more program to
 compile per engine start, not the four of `MIN_TOKEN_BUCKET=1`. Steps of
 2-16 tokens keep the 16-token bucket. A user's own `MIN_TOKEN_BUCKET` or
 `compilation_sizes` is left as given.
@@ -39,6 +41,10 @@ def add_one_token_bucket(vllm_config):
         return False
     if "compilation_sizes" in additional:
         return False
-    additional["compilation_sizes"] = [ONE_TOKEN]
+    # After tpu-inference's `check_and_update_config`: its sharding config
+    # holds the data-parallel size (vLLM's own is reset to 1 by then).
+    sharding = getattr(vllm_config, "sharding_config", None)
+    replicas = int(getattr(sharding, "total_dp_size", 1) or 1)
+    additional["compilation_sizes"] = [ONE_TOKEN * replicas]
     logger.debug("keras-vllm: CPU token buckets start at one token.")
     return True

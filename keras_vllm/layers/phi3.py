@@ -33,15 +33,11 @@ from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 
 
-def _sequence_lengths(layer, num_tokens):
+def _sequence_lengths(layer):
     """Each token's sequence length at the end of this step, `[T]` int32."""
-    metadata = require_context(layer).attention_metadata
-    seq_lens = ops.convert_to_tensor(metadata.seq_lens)
-    starts = ops.convert_to_tensor(metadata.query_start_loc)
-    tokens = ops.arange(num_tokens, dtype=starts.dtype)
-    request = ops.searchsorted(starts, tokens, side="right") - 1
-    request = ops.clip(request, 0, ops.shape(seq_lens)[0] - 1)
-    return ops.take(seq_lens, request, axis=0)
+    context = require_context(layer)
+    seq_lens = ops.convert_to_tensor(context.attention_metadata.seq_lens)
+    return ops.take(seq_lens, context.token_requests(), axis=0)
 
 
 def _su_scaled_rotary(rope, inputs, positions, use_long):
@@ -94,7 +90,7 @@ class PagedPhi3Attention(Phi3Attention, PagedAttention):
         rope = self.rotary_embedding_layer
         if isinstance(rope, Phi3SuScaledRotaryEmbedding):
             positions = require_context(self).positions
-            lengths = _sequence_lengths(self, ops.shape(positions)[0])
+            lengths = _sequence_lengths(self)
             use_long = lengths > rope.pretraining_sequence_length
             query = _su_scaled_rotary(rope, query, positions, use_long)
             key = _su_scaled_rotary(rope, key, positions, use_long)

@@ -97,27 +97,3 @@ def check_tensor_parallel(config, size, where):
     if refused is not None:
         raise ServingError(refused[1])
 
-
-def check_data_parallel(size, where):
-    """Refuses `data_parallel_size > 1`, which keras-vllm does not serve.
-
-    tpu-inference 0.32 folds data parallelism into the mesh's `data` axis of
-    one engine, and its attention then expects each data shard's requests
-    laid out per shard; keras-vllm's serving model has not been made or
-    tested to split its ragged batch that way, so it refuses rather than
-    risk wrong tokens.
-
-    Raises:
-        ServingError: naming what to use instead.
-    """
-    size = _as_size(size)
-    if size == 1:
-        return
-    raise ServingError(
-        f"data_parallel_size={size} is not supported for {where}: keras-vllm "
-        "serves one engine per model replica. Use tensor_parallel_size to "
-        "spread one replica over several chips, and run one engine (or one "
-        "`vllm serve`) per replica behind a load balancer for more "
-        "throughput."
-    )
-

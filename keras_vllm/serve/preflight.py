@@ -114,6 +114,10 @@ _SERVE_OPTIONS = {
     "max_model_len": ("--max-model-len",),
     "dtype": ("--dtype",),
 }
+# `vllm serve` switches that `check()` judges (True when given).
+_SERVE_SWITCHES = {
+    "enable_lora": ("--enable-lora",),
+}
 
 
 def overrides_from_argv(argv):
@@ -124,6 +128,9 @@ def overrides_from_argv(argv):
         value = option_value(argv, names)
         if value is not None:
             found[key] = value
+    for key, names in _SERVE_SWITCHES.items():
+        if any(arg in names for arg in argv):
+            found[key] = True
     return found
 
 
@@ -151,6 +158,7 @@ def serving_defaults(artifact, overrides):
         ServingError: for settings the artifact cannot serve.
     """
     from keras_vllm.cpu import detect
+    from keras_vllm.load import data_parallel
     from keras_vllm.load import tensor_parallel
     from keras_vllm.serve.worker.extension import WORKER_EXTENSION
 
@@ -191,7 +199,7 @@ def serving_defaults(artifact, overrides):
     tensor_parallel.check_tensor_parallel(
         config, kwargs.get("tensor_parallel_size", 1), path
     )
-    tensor_parallel.check_data_parallel(kwargs.get("data_parallel_size", 1), path)
+    data_parallel.check_data_parallel(kwargs, path)
     dtype = kwargs.get("dtype")
     if dtype not in (None, "auto") and str(dtype) not in fmt.SUPPORTED_DTYPES:
         raise ServingError(

@@ -17,6 +17,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 
@@ -168,6 +169,12 @@ def test_cpu_engines_get_a_one_token_bucket(monkeypatch):
     config = _Config({"compilation_sizes": [24]})
     assert not buckets.add_one_token_bucket(config)
     assert config.additional_config == {"compilation_sizes": [24]}
+    # Data parallelism: one token per replica (tpu-inference's buckets
+    # count every replica's tokens).
+    config = _Config({})
+    config.sharding_config = types.SimpleNamespace(total_dp_size=2)
+    assert buckets.add_one_token_bucket(config)
+    assert config.additional_config == {"compilation_sizes": [2]}
     monkeypatch.setenv("MIN_TOKEN_BUCKET", "8")
     config = _Config({})
     assert not buckets.add_one_token_bucket(config)

@@ -139,6 +139,12 @@ def test_padding_rows_reach_no_expert(family):
     part = np.asarray(routed.routed_output(tokens, weights, experts, 5))
     np.testing.assert_allclose(part[:5], full[:5], rtol=1e-6, atol=1e-6)
     assert (part[5:] == 0).all() and (np.abs(full[5:]) > 0).any()
+    # A data-parallel batch pads each replica's block: a mask says which
+    # rows are real (here 4 + 2 padding, twice).
+    mask = np.array(([True] * 4 + [False] * 2) * 2)
+    masked = np.asarray(routed.routed_output(tokens, weights, experts, mask))
+    np.testing.assert_allclose(masked[mask], full[mask], rtol=1e-6, atol=1e-6)
+    assert (masked[~mask] == 0).all()
 
 
 def test_more_experts_and_larger_top_k():

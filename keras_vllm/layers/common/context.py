@@ -36,17 +36,63 @@ class ServingContext:
         self.mesh = mesh
         self.calls = [0] * len(self.kv_caches)
 
-    def num_tokens(self):
-        """The step's real tokens (a scalar int array): vLLM pads its flat
-        batch up to a token bucket, and layers that route tokens (mixture
-        of experts) skip the padding. None when the metadata lacks it."""
+    def replicas(self):
+        """How many data-parallel replicas share the step's flat batch.
+
+        With data parallelism tpu-inference runs one program over a
+        `(data, model)` mesh: the flat batch is the replicas' padded token
+        blocks one after the other (split over the `data` axis), and each
+        metadata array is the replicas' own arrays concatenated (requests
+        and `query_start_loc` offsets local to each block).
+        """
+        if self.mesh is None:
+            return 1
+        from tpu_inference.layers.common.sharding import ShardingAxisName
+        from tpu_inference.utils import get_mesh_shape_product
+
+        return int(get_mesh_shape_product(self.mesh, ShardingAxisName.ATTN_DATA))
+
+    def real_tokens(self):
+        """A `[T]` bool mask of the step's real tokens: vLLM pads each
+        replica's block of the flat batch up to a token bucket, and layers
+        that route tokens (mixture of experts) skip the padding. None when
+        the metadata lacks it."""
+        import jax.numpy as jnp
+
         metadata = self.attention_metadata
         starts = getattr(metadata, "query_start_loc", None)
         distribution = getattr(metadata, "request_distribution", None)
         if starts is None or distribution is None:
             return None
-        # [decode, decode, requests] per data-parallel rank; one rank here.
-        return starts[distribution[2]]
+        replicas = self.replicas()
+        # [decode, decode + prefill, requests] per replica.
+        starts = jnp.reshape(starts, (replicas, -1))
+        requests = jnp.reshape(distribution, (replicas, 3))[:, 2:3]
+        counts = jnp.take_along_axis(starts, requests, axis=1)[:, 0]
+        tokens = self.positions.shape[0]
+        index = jnp.arange(tokens)
+        block = tokens // replicas
+        return index % block < counts[index // block]
+
+    def token_requests(self):
+        """Each token's request, as an index into the step's `seq_lens`,
+        `[T]` int32 (padding tokens get some valid index)."""
+        import jax
+        import jax.numpy as jnp
+
+        metadata = self.attention_metadata
+        replicas = self.replicas()
+        starts = jnp.reshape(metadata.query_start_loc, (replicas, -1))
+        per_replica = starts.shape[1] - 1
+        tokens = self.positions.shape[0]
+        local = jnp.reshape(jnp.arange(tokens) % (tokens // replicas),
+                            (replicas, -1)).astype(starts.dtype)
+        request = jax.vmap(
+            lambda s, t: jnp.searchsorted(s, t, side="right") - 1
+        )(starts, local)
+        request = jnp.clip(request, 0, per_replica - 1)
+        offsets = jnp.arange(replicas, dtype=request.dtype)[:, None]
+        return jnp.reshape(request + offsets * per_replica, (-1,))
 
     def read_cache(self, index):
         if not 0 <= index < len(self.kv_caches):

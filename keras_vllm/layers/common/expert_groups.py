@@ -43,8 +43,10 @@ def sort_pairs(experts, num_valid, num_experts):
 
     Args:
         experts: int `[T, k]`, each token's experts in routing order.
-        num_valid: scalar int, the real tokens (the rest of the `T` rows are
-            the bucket's padding), or None when all are real.
+        num_valid: the real tokens (the rest of the `T` rows are the
+            bucket's padding): a scalar count of leading real rows, or a
+            `[T]` bool mask (a data-parallel batch pads each replica's
+            block), or None when all are real.
         num_experts: `E`.
 
     Returns:
@@ -55,7 +57,11 @@ def sort_pairs(experts, num_valid, num_experts):
     tokens, k = experts.shape
     flat = experts.reshape(-1).astype(jnp.int32)
     if num_valid is not None:
-        real = jnp.arange(tokens * k) // k < num_valid
+        pair_token = jnp.arange(tokens * k) // k
+        if jnp.ndim(num_valid) == 1:
+            real = jnp.take(num_valid, pair_token)
+        else:
+            real = pair_token < num_valid
         flat = jnp.where(real, flat, num_experts)  # past every group
     order = jnp.argsort(flat, stable=True)
     counts = jnp.zeros((num_experts,), jnp.int32).at[flat].add(1, mode="drop")

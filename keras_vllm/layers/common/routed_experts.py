@@ -123,7 +123,7 @@ class RoutedExperts:
         tokens = ops.reshape(hidden_states, (-1, shape[-1]))
         router_logits, weights, experts = self.route(tokens)
         context = current_context()
-        num_valid = None if context is None else context.num_tokens()
+        num_valid = None if context is None else context.real_tokens()
         mesh = None if context is None else context.mesh
         out = self.routed_output(
             tokens, weights, experts, num_valid,
@@ -143,7 +143,8 @@ class RoutedExperts:
             weights: `[T, k]` router weights.
             experts: int `[T, k]` expert indices.
             num_valid: the real tokens among the `T` (the rest are padding
-                and computed by no expert), or None for all.
+                and computed by no expert): a count (the first ones) or a
+                `[T]` bool mask, or None for all.
             grouped_kernel: whether to run tpu-inference's grouped matmul
                 kernel (TPU, one device) instead of the XLA tile loop.
         """

@@ -102,9 +102,12 @@ class KerasVllmEngine:
             # Everything the engine process would refuse is refused here, in
             # this process and without starting JAX, before vLLM starts (and
             # before its memory profiling run), as `vllm serve` refuses it.
+            # Adapters turn vLLM's LoRA on: judged with the other settings.
+            lora = adapters is not None or max_loras is not None
             plan = preflight.check(
-                path, engine_kwargs, preset, public_key, deep=True,
-                verbose="auto",
+                path, dict(engine_kwargs, **({"enable_lora": True} if lora
+                                             else {})),
+                preset, public_key, deep=True, verbose="auto",
             )
             # The engine process verifies the files again before it reads
             # them: nothing checked here is trusted there (format/opened.py).
@@ -236,6 +239,25 @@ class KerasVllmEngine:
         """
         with self._lock:
             return self.llm.collective_rpc("keras_vllm_weights")[0]
+
+    def kv_pages_per_replica(self):
+        """KV-cache pages holding data, one count per data-parallel replica
+        (`data_parallel_size`; one replica without it).
+
+        Each replica caches the requests it serves in its own pages, so a
+        replica that served nothing yet has none (tpu-inference routes each
+        request to one replica for its lifetime).
+
+        Example:
+
+        ```python
+        engine = KerasVllmEngine.from_export(path, data_parallel_size=2)
+        engine.generate(prompts)
+        engine.kv_pages_per_replica()  # e.g. [12, 11]
+        ```
+        """
+        with self._lock:
+            return self.llm.collective_rpc("keras_vllm_kv_pages")[0]
 
     def update_weights(self, source):
         """Replaces the served weights, without a restart or a recompile.

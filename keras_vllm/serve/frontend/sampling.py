@@ -15,7 +15,11 @@ are drawn:
   request in flight and the server);
 - a per-request `seed` of a sampled request is refused by tpu-inference
   (its platform's `validate_request`), where `vllm serve` turns the error
-  into a 500 with an empty message.
+  into a 500 with an empty message;
+- structured outputs on a data-parallel engine stop it: tpu-inference's
+  `DPScheduler` pickles each new request to its replica's scheduler
+  process, and a request's grammar holds a lock (`TypeError: cannot pickle
+  '_thread.RLock' object` kills the engine core).
 
 So a request to an engine serving a keras-vllm artifact that sets one of
 them is refused before it reaches the engine, with a
@@ -59,13 +63,14 @@ def _is_set(value, neutral):
     return value is not None and value != neutral
 
 
-def check(params, greedy=None):
+def check(params, greedy=None, replicas=1):
     """Raises for a field of `params` the TPU backend would not apply.
 
     Args:
         params: a `vllm.SamplingParams`.
         greedy: whether the request is greedy; read from `params` when
             None. `min_p` never changes a greedy pick, so it passes then.
+        replicas: the engine's data-parallel replicas.
 
     Raises:
         vllm.exceptions.VLLMValidationError: names the first such field.
@@ -84,6 +89,15 @@ def check(params, greedy=None):
                 "request would stop the engine. Leave it unset.",
                 parameter=name,
             )
+    if replicas > 1 and getattr(params, "structured_outputs", None) is not None:
+        raise VLLMValidationError(
+            "structured_outputs is not supported on a data-parallel engine "
+            f"({replicas} replicas) by vLLM's TPU backend (tpu-inference "
+            "0.32's data-parallel scheduler cannot hand the request's grammar "
+            "to a replica, and the engine would stop). Serve structured "
+            "outputs from an engine with data_parallel_size=1.",
+            parameter="structured_outputs",
+        )
     if params.seed is not None and not greedy:
         # tpu-inference refuses it too, but later, where `vllm serve`
         # answers 500 with an empty message.
@@ -136,9 +150,17 @@ def install():
             if isinstance(params, SamplingParams) and serves_artifact(
                 self.model_config
             ):
-                check(params)
+                config = getattr(self, "vllm_config", None)
+                check(params, replicas=_replicas(config))
             return result
 
         return _validate_params
 
     patching.replace(InputProcessor, "_validate_params", refusing)
+
+
+def _replicas(vllm_config):
+    """The data-parallel replicas of an engine (tpu-inference keeps them in
+    its sharding config and resets vLLM's `data_parallel_size` to 1)."""
+    sharding = getattr(vllm_config, "sharding_config", None)
+    return int(getattr(sharding, "total_dp_size", 1) or 1)

@@ -100,6 +100,34 @@ class KerasVllmWorkerExtension:
             "variables": variables,
         }
 
+    def keras_vllm_kv_pages(self):
+        """KV-cache pages holding data, per data-parallel replica.
+
+        Each replica's KV cache is its own block of pages, the cache's
+        slice along the mesh's `data` axis; a replica that served requests
+        has written some of its pages. Read from the first layer's cache.
+
+        Returns:
+            A list, one count per replica (in mesh order).
+        """
+        import numpy as np
+        from tpu_inference.layers.common.sharding import ShardingAxisName
+
+        runner = self.model_runner
+        mesh = runner.mesh
+        data_axis = mesh.axis_names.index(ShardingAxisName.MLP_DATA)
+        replica_of = {
+            device: index[data_axis]
+            for index, device in np.ndenumerate(mesh.devices)
+        }
+        pages = [0] * mesh.devices.shape[data_axis]
+        for shard in runner.kv_caches[0].addressable_shards:
+            block = np.asarray(shard.data)
+            used = np.any(block.reshape(block.shape[0], -1) != 0, axis=1)
+            replica = replica_of[shard.device]
+            pages[replica] = max(pages[replica], int(used.sum()))
+        return pages
+
 
 def _axis(axis):
     if axis is None or isinstance(axis, str):
