@@ -35,7 +35,8 @@ def _sample_inputs(causal_lm):
     """The first 8 corpus tokens, shaped like the input `build_tiny_causal_lm`
     calls the model on (so eager op compilations are reused)."""
     x, _, _ = testing.tokenize_corpus(causal_lm.preprocessor.tokenizer)
-    return {key: value[:1, :8] for key, value in x.items()}
+    x = {key: value[:1, :8] for key, value in x.items()}
+    return testing.with_position_ids(causal_lm, x)
 
 
 @pytest.fixture(scope="module", params=testing.FAMILIES)
@@ -54,9 +55,9 @@ def trained(request):
 
 
 def test_families():
-    assert len(testing.FAMILIES) == 17
+    assert len(testing.FAMILIES) == 19
     assert testing.FAMILIES[:3] == ["gpt2", "opt", "llama"]
-    assert len(set(testing.FAMILIES)) == 17
+    assert len(set(testing.FAMILIES)) == 19
 
 
 def test_corpus_is_deterministic():

@@ -85,8 +85,11 @@ def fine_tune(
     Returns:
         A list of the `steps` training losses, one per step.
     """
+    from keras_vllm.testing.models import with_position_ids
+
     tokenizer = causal_lm.preprocessor.tokenizer
     x, y, sample_weight = tokenize_corpus(tokenizer, texts)
+    x = with_position_ids(causal_lm, x)
     sampler = causal_lm.sampler
     keras.utils.set_random_seed(seed)
     causal_lm.compile(
@@ -170,6 +173,8 @@ def greedy_reference(causal_lm, prompt, max_length=32):
         prompt tokens and the greedy continuation, which ends with an end
         token unless `max_length` was reached first.
     """
+    from keras_vllm.testing.models import with_position_ids
+
     tokenizer = causal_lm.preprocessor.tokenizer
     start = getattr(tokenizer, "start_token_id", None)
     stop_ids = {tokenizer.end_token_id}
@@ -183,7 +188,10 @@ def greedy_reference(causal_lm, prompt, max_length=32):
         token_ids[0, : len(ids)] = ids
         padding_mask[0, : len(ids)] = True
         logits = causal_lm(
-            {"token_ids": token_ids, "padding_mask": padding_mask}
+            with_position_ids(
+                causal_lm,
+                {"token_ids": token_ids, "padding_mask": padding_mask},
+            )
         )
         ids.append(int(np.argmax(np.asarray(logits)[0, len(ids) - 1])))
         if ids[-1] in stop_ids:

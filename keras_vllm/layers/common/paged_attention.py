@@ -30,6 +30,7 @@ def paged_attention(
     sm_scale,
     sliding_window=None,
     soft_cap=None,
+    update_kv_cache=True,
     mesh=None,
 ):
     """Writes this step's K/V into a layer's paged cache and attends over it.
@@ -51,6 +52,9 @@ def paged_attention(
         sliding_window: if set, a query at position `q` sees keys at `k` with
             `q - k < sliding_window` (the TPU kernel's convention).
         soft_cap: if set, logits become `soft_cap * tanh(logits / soft_cap)`.
+        update_kv_cache: if False, `key`/`value` are not written: the layer
+            reads a cache another layer wrote this step (KV sharing), and
+            `new_kv_cache` is `kv_cache` unchanged.
         mesh: the `jax.sharding.Mesh` the model was built with. If None, the
             mesh of the enclosing `jax.set_mesh(...)` context is used (the
             tpu-inference runner sets it around every step), and outside any
@@ -89,6 +93,7 @@ def paged_attention(
         # sliding_window here); the kernel masks q - k >= window.
         attention_chunk_size=sliding_window,
         attn_logits_soft_cap=soft_cap,
+        update_kv_cache=update_kv_cache,
     )
     return new_kv_cache, out[..., :head_dim]
 
