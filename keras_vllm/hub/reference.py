@@ -258,7 +258,9 @@ def _inputs(causal_lm, token_ids, padding_mask):
     """A forward pass's inputs; with `position_ids` 0, 1, ... per row when
     the backbone takes them (the positions vLLM serves these tokens at)."""
     inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
-    names = [t.name.split(":")[0] for t in causal_lm.backbone.inputs]
+    # A stand-in for a model (a callable with a preprocessor) adds its own.
+    backbone = getattr(causal_lm, "backbone", None)
+    names = [t.name.split(":")[0] for t in getattr(backbone, "inputs", [])]
     if "position_ids" in names:
         shape = np.shape(token_ids)
         inputs["position_ids"] = np.array(

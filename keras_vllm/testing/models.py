@@ -365,7 +365,8 @@ def build_tiny_causal_lm(
 def with_position_ids(causal_lm, inputs):
     """`inputs` plus `position_ids` (0, 1, ... per row) when the model's
     backbone takes them (Gemma 4), for calling it on token ids."""
-    names = [t.name.split(":")[0] for t in causal_lm.backbone.inputs]
+    backbone = getattr(causal_lm, "backbone", None)
+    names = [t.name.split(":")[0] for t in getattr(backbone, "inputs", [])]
     if "position_ids" not in names or "position_ids" in inputs:
         return inputs
     shape = np.shape(inputs["token_ids"])
