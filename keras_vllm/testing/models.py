@@ -15,6 +15,7 @@ import keras_hub
 import numpy as np
 
 from keras_vllm.testing import tokenizers as tokenizers_lib
+from keras_vllm.testing.inputs import with_position_ids
 
 FAMILIES = [
     "gpt2",
@@ -360,18 +361,6 @@ def build_tiny_causal_lm(
         )
     )
     return causal_lm
-
-
-def with_position_ids(causal_lm, inputs):
-    """`inputs` plus `position_ids` (0, 1, ... per row) when the model's
-    backbone takes them (Gemma 4), for calling it on token ids."""
-    backbone = getattr(causal_lm, "backbone", None)
-    names = [t.name.split(":")[0] for t in getattr(backbone, "inputs", [])]
-    if "position_ids" not in names or "position_ids" in inputs:
-        return inputs
-    shape = np.shape(inputs["token_ids"])
-    positions = np.broadcast_to(np.arange(shape[1], dtype="int32"), shape)
-    return dict(inputs, position_ids=np.array(positions))
 
 
 def save_tiny_preset(causal_lm, directory):

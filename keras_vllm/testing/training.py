@@ -11,6 +11,7 @@ import keras
 import numpy as np
 
 from keras_vllm.testing import data as data_lib
+from keras_vllm.testing.inputs import with_position_ids
 
 DEFAULT_STEPS = 100
 DEFAULT_LEARNING_RATE = 1e-2
@@ -85,8 +86,6 @@ def fine_tune(
     Returns:
         A list of the `steps` training losses, one per step.
     """
-    from keras_vllm.testing.models import with_position_ids
-
     tokenizer = causal_lm.preprocessor.tokenizer
     x, y, sample_weight = tokenize_corpus(tokenizer, texts)
     x = with_position_ids(causal_lm, x)
@@ -173,8 +172,6 @@ def greedy_reference(causal_lm, prompt, max_length=32):
         prompt tokens and the greedy continuation, which ends with an end
         token unless `max_length` was reached first.
     """
-    from keras_vllm.testing.models import with_position_ids
-
     tokenizer = causal_lm.preprocessor.tokenizer
     start = getattr(tokenizer, "start_token_id", None)
     stop_ids = {tokenizer.end_token_id}
