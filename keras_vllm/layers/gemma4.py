@@ -136,7 +136,9 @@ class RoutedGemma4MoEBlock(Gemma4MoEBlock, RoutedExperts):
 
     def expert_hidden(self, gate, up):
         # GELU (tanh approximation) in float32, as the KerasHub bank.
-        gate = keras.activations.gelu(ops.cast(gate, "float32"), approximate=True)
+        gate = keras.activations.gelu(
+            ops.cast(gate, "float32"), approximate=True
+        )
         return ops.cast(gate, up.dtype) * up
 
     def call(self, x, dispatch_weights):
@@ -146,7 +148,9 @@ class RoutedGemma4MoEBlock(Gemma4MoEBlock, RoutedExperts):
         # The k non-zero dispatch weights are the router's top-k; each
         # expert's output scale folds into its weight.
         weights, experts = ops.top_k(dispatch_weights, k=top_k)
-        scale = ops.take(ops.cast(self.per_expert_scale, weights.dtype), experts)
+        scale = ops.take(
+            ops.cast(self.per_expert_scale, weights.dtype), experts
+        )
         context = current_context()
         num_valid = None if context is None else context.num_tokens()
         mesh = None if context is None else context.mesh
