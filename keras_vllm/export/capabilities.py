@@ -1,8 +1,8 @@
 """Whether a `CausalLM` is a text decoder keras-vllm can serve at all.
 
 keras-vllm serves one shape of model: a standalone `CausalLM` whose
-backbone maps `token_ids` / `padding_mask` to hidden states through paged
-attention layers, with logits from its reversible token embedding. Some
+backbone maps `token_ids` / `padding_mask` (and `position_ids`, fed from
+vLLM's positions) to hidden states through paged attention layers, with logits from its reversible token embedding. Some
 KerasHub `CausalLM` classes are something else (a speculative-decoding
 drafter, a recurrent model, an image-conditioned decoder). Each is refused
 here by its structure, with the class and the capability keras-vllm lacks,
@@ -20,8 +20,9 @@ import inspect
 
 from keras_vllm.errors import UnsupportedModelError
 
-# The inputs the served model feeds the backbone (`serve/worker/model.py`).
-TEXT_INPUTS = ("token_ids", "padding_mask")
+# The inputs the served model feeds the backbone (`serve/worker/model.py`):
+# `position_ids` (when the backbone takes it) are vLLM's positions.
+TEXT_INPUTS = ("token_ids", "padding_mask", "position_ids")
 
 
 def _class_name(obj):
@@ -43,7 +44,8 @@ def backbone_input_names(backbone):
 
 
 def extra_inputs(backbone):
-    """The backbone's inputs besides `token_ids` and `padding_mask`."""
+    """The backbone's inputs besides `token_ids`, `padding_mask` and
+    `position_ids`."""
     return [n for n in backbone_input_names(backbone) if n not in TEXT_INPUTS]
 
 
@@ -84,9 +86,9 @@ def check_standalone(causal_lm):
 def text_decoder_problems(causal_lm):
     """Why the backbone is no text decoder keras-vllm's model class can run
     (an empty list when it is one): it needs integer `hidden_dim` and
-    `vocabulary_size`, logits from a reversible `token_embedding`, and no
-    inputs besides `token_ids` / `padding_mask` unless the family registers
-    a text decoder for it.
+    `vocabulary_size`, logits from a reversible `token_embedding` with no
+    cap on top, and no inputs besides `token_ids` / `padding_mask` /
+    `position_ids` unless the family registers a text decoder for it.
 
     Each message names the `CausalLM` class and what keras-vllm lacks.
     """
@@ -108,6 +110,15 @@ def text_decoder_problems(causal_lm):
             + "."
         ]
     problems = []
+    if getattr(causal_lm, "final_logit_cap", None) is not None:
+        # The served logits are the backbone's head's (its own soft cap
+        # included); a cap the task applies on top is not.
+        problems.append(
+            f"{name} cannot be served: it caps its logits outside the "
+            f"backbone (final_logit_cap={causal_lm.final_logit_cap}). "
+            "Missing capability: a logit transform after the backbone's "
+            "output head. Build the model with final_logit_cap=None."
+        )
     embedding = getattr(backbone, "token_embedding", None)
     if embedding is None or "reverse" not in _call_parameters(embedding):
         problems.append(

@@ -7,7 +7,7 @@ once; the rest of `keras_vllm.format` (and nothing outside it) spells them.
 FORMAT_NAME = "keras_vllm"
 # The major version changes when a reader of an older version could
 # misread an artifact; the minor version when fields are only added.
-FORMAT_VERSION = (1, 6)
+FORMAT_VERSION = (1, 7)
 
 # vLLM-facing names. Chosen so they cannot collide with keras-hub 0.32's own
 # plugin, which registers `keras_hub` / `KerasHubForCausalLM`.
@@ -99,7 +99,8 @@ VARIABLE_PATH_PATTERN = r"[A-Za-z0-9_]{1,200}(/[A-Za-z0-9_]{1,200}){0,31}"
 # Every top-level manifest field of format 1.4 (`validate_manifest` refuses
 # others unless the artifact declares a newer minor version). 1.1 added
 # `golden_reference`, 1.2 `quantization`, 1.3 `adapter` (1.4 only a key
-# inside it, `factor_dtype`), 1.6 `modalities`.
+# inside it, `factor_dtype`), 1.6 `modalities`. 1.7 adds no manifest field:
+# config.json's per-kind KV cache fields (`format.vllm_files`).
 MANIFEST_FIELDS = (
     "format",
     "format_version",

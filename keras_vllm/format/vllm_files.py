@@ -41,7 +41,19 @@ _VLLM_CONFIG_KEYS = {
     "head_dim": _INT,
     "layer_types": list,
     "sliding_window": _INT,
+    # 1.7: per-kind KV cache shapes and KV sharing (docs/FORMAT.md).
+    "global_head_dim": _INT,
+    "attention_k_eq_v": bool,
+    "num_global_key_value_heads": _INT,
+    "num_kv_shared_layers": _INT,
 }
+# The keys of format 1.7 (refused in older artifacts, which never had them).
+_KV_KEYS_1_7 = (
+    "global_head_dim",
+    "attention_k_eq_v",
+    "num_global_key_value_heads",
+    "num_kv_shared_layers",
+)
 
 # The sizes every `config.json` has (positive integers).
 _SIZE_KEYS = (
@@ -96,7 +108,11 @@ def vllm_config(
     Args:
         kv_layout: the per-layer KV cache fields (`num_hidden_layers`,
             `num_attention_heads`, `num_key_value_heads`, `head_dim`, and
-            `layer_types` / `sliding_window` when a layer has a window).
+            `layer_types` / `sliding_window` when a layer has a window;
+            since 1.7 `global_head_dim`, `attention_k_eq_v` +
+            `num_global_key_value_heads` and `num_kv_shared_layers` when
+            full-attention layers have another shape or layers share
+            caches; see `keras_vllm.export.kv_layout`).
         The others are the backbone's and tokenizer's own numbers.
     """
     config = {
@@ -256,9 +272,50 @@ def check_vllm_config(config, manifest, vocab):
             fail(f"{what}: 'layer_types' without 'sliding_window'.")
     if "sliding_window" in config:
         _positive(config["sliding_window"], f"{what}: 'sliding_window'")
+    _check_kv_kinds(config, manifest)
     check_id_list(config["eos_token_id"], vocab, f"{what}: 'eos_token_id'", 1000)
     check_token_id(config.get("bos_token_id"), vocab, f"{what}: 'bos_token_id'")
     check_token_id(config.get("pad_token_id"), vocab, f"{what}: 'pad_token_id'")
+
+
+def _check_kv_kinds(config, manifest):
+    """The 1.7 per-kind KV fields: only in 1.7+ artifacts, with
+    `layer_types`, in range."""
+    what = CONFIG_FILE
+    present = [key for key in _KV_KEYS_1_7 if key in config]
+    if not present:
+        return
+    if tuple(manifest.get("format_version", ())) < (1, 7):
+        fail(
+            f"{what} has '{present[0]}', which format versions before 1.7 "
+            "never write. The file was altered; re-export the model."
+        )
+    if "layer_types" not in config:
+        fail(f"{what}: '{present[0]}' without 'layer_types'.")
+    for key in ("global_head_dim", "num_global_key_value_heads"):
+        if key in config:
+            _positive(config[key], f"{what}: '{key}'")
+    if ("num_global_key_value_heads" in config) != bool(
+        config.get("attention_k_eq_v")
+    ):
+        fail(
+            f"{what}: 'num_global_key_value_heads' and 'attention_k_eq_v' "
+            "come together."
+        )
+    heads = config.get("num_global_key_value_heads")
+    if heads and config["num_attention_heads"] % heads:
+        fail(
+            f"{what}: {config['num_attention_heads']} attention heads are not "
+            f"a multiple of {heads} global key/value heads."
+        )
+    shared = config.get("num_kv_shared_layers")
+    if shared is not None and not (
+        is_int(shared) and 0 < shared < config["num_hidden_layers"]
+    ):
+        fail(
+            f"{what}: 'num_kv_shared_layers' is {str(shared)[:50]}, expected "
+            f"1..{config['num_hidden_layers'] - 1}."
+        )
 
 
 def check_generation_config(config, manifest, vocab):

@@ -98,7 +98,7 @@ def greedy_by_forward_pass(
     for _ in range(max_new_tokens):
         padded[0, : len(ids)] = ids
         mask[0, : len(ids)] = True
-        logits = causal_lm({"token_ids": padded, "padding_mask": mask})
+        logits = causal_lm(_inputs(causal_lm, padded, mask))
         token = int(ops.convert_to_numpy(ops.argmax(logits[0, len(ids) - 1])))
         ids.append(token)
         result.append(token)
@@ -209,7 +209,7 @@ def _forward_pass_rows(causal_lm, padded, mask, lengths, max_new_tokens):
     rows = [[] for _ in lengths]
     last = padded.shape[1]
     for _ in range(max_new_tokens):
-        logits = causal_lm({"token_ids": padded, "padding_mask": mask})
+        logits = causal_lm(_inputs(causal_lm, padded, mask))
         index = np.asarray([p - 1 for p in positions], dtype="int32")
         picked = ops.take_along_axis(
             logits, index.reshape(-1, 1, 1), axis=1
@@ -248,7 +248,22 @@ def teacher_forced_logprobs(causal_lm, token_ids):
 
     ids = np.asarray([token_ids], dtype="int32")
     logits = causal_lm(
-        {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype="bool")}
+        _inputs(causal_lm, ids, np.ones_like(ids, dtype="bool"))
     )
     logits = ops.cast(logits[0], "float32")
     return np.asarray(ops.log_softmax(logits, axis=-1))
+
+
+def _inputs(causal_lm, token_ids, padding_mask):
+    """A forward pass's inputs; with `position_ids` 0, 1, ... per row when
+    the backbone takes them (the positions vLLM serves these tokens at)."""
+    inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
+    # A stand-in for a model (a callable with a preprocessor) adds its own.
+    backbone = getattr(causal_lm, "backbone", None)
+    names = [t.name.split(":")[0] for t in getattr(backbone, "inputs", [])]
+    if "position_ids" in names:
+        shape = np.shape(token_ids)
+        inputs["position_ids"] = np.array(
+            np.broadcast_to(np.arange(shape[1], dtype="int32"), shape)
+        )
+    return inputs

@@ -110,7 +110,7 @@ def check_servable(backbone):
 
 
 def kv_cache_specs(backbone):
-    """Returns one `KVCacheSpec` per attention layer, in KV cache order."""
+    """Returns one `KVCacheSpec` per attention layer, in backbone order."""
     check_servable(backbone)
     specs = []
     for layer in find_attention_layers(backbone):
@@ -122,10 +122,11 @@ def kv_cache_specs(backbone):
 def swap_in_paged_layers(backbone):
     """Re-classes every registered layer of `backbone` as its paged subclass.
 
-    Attention layers get `kv_cache_index` in backbone order.
+    Attention layers get `kv_layer_index` in backbone order (vLLM's
+    `layer.{i}`; `ServingContext` maps it to a KV cache).
 
     Returns:
-        The list of paged attention layers, indexed by KV cache.
+        The list of paged attention layers, in backbone order.
 
     Raises:
         UnsupportedModelError: if an attention layer has no paged subclass.
@@ -136,8 +137,15 @@ def swap_in_paged_layers(backbone):
         paged_cls = paged_class_for(layer)
         if paged_cls is not None and type(layer) is not paged_cls:
             layer.__class__ = paged_cls
+    # A paged layer may read settings from the layer that holds it (an
+    # expert bank, its block's router's top-k).
+    for parent in backbone._flatten_layers(include_self=True, recursive=True):
+        for child in parent._flatten_layers(include_self=False, recursive=False):
+            bind = getattr(type(child), "bind_parent", None)
+            if bind is not None and getattr(child, "_is_paged_layer", False):
+                bind(child, parent)
     for index, layer in enumerate(attention):
-        layer.kv_cache_index = index
+        layer.kv_layer_index = index
     return attention
 
 

@@ -69,8 +69,12 @@ def refusal(config, size, where="this artifact"):
             "resize the token embedding to a multiple of the size) before "
             "fine-tuning.",
         )
-    if shardable(heads, kv_heads, size):
+    # Full-attention layers may have their own KV head count (format 1.7).
+    global_kv = int(config.get("num_global_key_value_heads") or kv_heads)
+    if shardable(heads, kv_heads, size) and shardable(heads, global_kv, size):
         return None
+    if not shardable(heads, global_kv, size):
+        kv_heads = global_kv
     sizes = ", ".join(str(s) for s in valid_sizes(heads, kv_heads))
     return (
         f"attention heads do not split over {size}",

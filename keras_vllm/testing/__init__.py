@@ -34,6 +34,7 @@ from keras_vllm.testing.models import backbone_config  # noqa: E402
 from keras_vllm.testing.models import build_tiny_causal_lm  # noqa: E402
 from keras_vllm.testing.models import causal_lm_class  # noqa: E402
 from keras_vllm.testing.models import save_tiny_preset  # noqa: E402
+from keras_vllm.testing.inputs import with_position_ids  # noqa: E402
 from keras_vllm.testing.tokenizers import build_tiny_tokenizer  # noqa: E402
 from keras_vllm.testing.training import distinct_continuations  # noqa: E402
 from keras_vllm.testing.training import fine_tune  # noqa: E402
@@ -57,5 +58,6 @@ __all__ = [
     "greedy_reference",
     "prompts",
     "save_tiny_preset",
+    "with_position_ids",
     "tokenize_corpus",
 ]

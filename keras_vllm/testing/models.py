@@ -16,6 +16,7 @@ import keras_hub
 import numpy as np
 
 from keras_vllm.testing import tokenizers as tokenizers_lib
+from keras_vllm.testing.inputs import with_position_ids
 
 FAMILIES = [
     "gpt2",
@@ -27,6 +28,8 @@ FAMILIES = [
     "gemma",
     "gemma2",
     "gemma3",
+    "gemma4",
+    "gemma4_e2b",
     "qwen",
     "qwen3",
     "qwen_moe",
@@ -135,6 +138,54 @@ _SPECS = {
             use_post_attention_norm=True,
             use_sliding_window_attention=True,
             sliding_window_size=SLIDING_WINDOW,
+        ),
+    ),
+    # Gemma 4, text only, large shape (31B / 26B-A4B-like): q/k RMSNorm and
+    # v norm, attention scale 1, sliding window on 5 of every 6 layers
+    # (`num_layers=6` reaches the first global layer); global layers with a
+    # wider head, one KV head with keys equal to values, and partial
+    # ("proportional") RoPE. `position_ids` is a backbone input. As in
+    # 26B-A4B, every layer runs a dense FFN and 4 experts (top 2) in
+    # parallel (`enable_moe_block=False` gives the 31B shape).
+    "gemma4": (
+        "Gemma4",
+        dict(
+            _GEMMA,
+            image_size=16,
+            vision_encoder=None,
+            sliding_window_size=SLIDING_WINDOW,
+            global_head_dim=2 * HEAD_DIM,
+            num_global_key_value_heads=1,
+            global_rope_partial_rotary_factor=0.25,
+            enable_moe_block=True,
+            num_experts=4,
+            expert_intermediate_dim=32,
+            num_experts_per_token=2,
+        ),
+    ),
+    # Gemma 4, text only, small dense shape (E2B/E4B-like): also a wider
+    # head on global layers (256 / 512 in the presets; here 16 / 160, whose
+    # caches are laid out 128 / 256 wide, so the two kinds of layers have
+    # caches of different page sizes as there) but as many KV heads (no
+    # K=V); per-layer embeddings; the last 2 layers share the KV cache of
+    # the last earlier layer of their kind (3 and 2) and have a double-wide
+    # MLP; the presets' final logit soft cap of 30.
+    "gemma4_e2b": (
+        "Gemma4",
+        dict(
+            _GEMMA,
+            num_layers=6,
+            layer_types=["sliding_attention", "sliding_attention",
+                         "full_attention"] * 2,
+            image_size=16,
+            vision_encoder=None,
+            sliding_window_size=SLIDING_WINDOW,
+            global_head_dim=10 * HEAD_DIM,
+            global_rope_partial_rotary_factor=0.25,
+            hidden_size_per_layer_input=8,
+            num_kv_shared_layers=2,
+            use_double_wide_mlp=True,
+            final_logit_soft_cap=30.0,
         ),
     ),
     # Qwen 2 / 2.5: q/k/v biases, tied embeddings, RoPE base 1e6.
@@ -341,10 +392,13 @@ def build_tiny_causal_lm(
     causal_lm.compile(sampler="greedy")
     # Build every layer eagerly.
     causal_lm(
-        {
-            "token_ids": np.ones((1, 8), dtype="int32"),
-            "padding_mask": np.ones((1, 8), dtype=bool),
-        }
+        with_position_ids(
+            causal_lm,
+            {
+                "token_ids": np.ones((1, 8), dtype="int32"),
+                "padding_mask": np.ones((1, 8), dtype=bool),
+            },
+        )
     )
     return causal_lm
 

@@ -106,6 +106,13 @@ SENTENCE_PIECE_LAYOUTS = {
         ),
         add_dummy_prefix=False,
     ),
+    # Gemma4Tokenizer's defaults (vision and video tokens) need its image
+    # and video tokens.
+    "gemma4": dict(
+        _GEMMA_META,
+        user_defined_symbols=("<|image>", "<|image|>", "<image|>", "<|video|>"),
+        add_dummy_prefix=False,
+    ),
     # Phi-3 starts with "<s>" and ends with "<|endoftext|>".
     "phi3": dict(
         _LLAMA_META,
@@ -129,6 +136,8 @@ _TOKENIZERS = {
     "gemma": ("GemmaTokenizer", "spm", "gemma"),
     "gemma2": ("GemmaTokenizer", "spm", "gemma"),
     "gemma3": ("Gemma3Tokenizer", "spm", "gemma3"),
+    "gemma4": ("Gemma4Tokenizer", "spm", "gemma4"),
+    "gemma4_e2b": ("Gemma4Tokenizer", "spm", "gemma4"),
     "qwen": ("QwenTokenizer", "bpe", "qwen"),
     "qwen3": ("Qwen3Tokenizer", "bpe", "qwen3"),
     "qwen_moe": ("QwenMoeTokenizer", "bpe", "qwen_moe"),

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 
 from keras_vllm.testing import data as data_lib
+from keras_vllm.testing.inputs import with_position_ids
 
 DEFAULT_STEPS = 100
 DEFAULT_LEARNING_RATE = 1e-2
@@ -87,6 +88,7 @@ def fine_tune(
     """
     tokenizer = causal_lm.preprocessor.tokenizer
     x, y, sample_weight = tokenize_corpus(tokenizer, texts)
+    x = with_position_ids(causal_lm, x)
     sampler = causal_lm.sampler
     keras.utils.set_random_seed(seed)
     causal_lm.compile(
@@ -183,7 +185,10 @@ def greedy_reference(causal_lm, prompt, max_length=32):
         token_ids[0, : len(ids)] = ids
         padding_mask[0, : len(ids)] = True
         logits = causal_lm(
-            {"token_ids": token_ids, "padding_mask": padding_mask}
+            with_position_ids(
+                causal_lm,
+                {"token_ids": token_ids, "padding_mask": padding_mask},
+            )
         )
         ids.append(int(np.argmax(np.asarray(logits)[0, len(ids) - 1])))
         if ids[-1] in stop_ids:

@@ -28,7 +28,10 @@ def _inputs(causal_lm):
     ids = np.asarray([[5, 9, 17, 33, 65, 7, 11, 13]], dtype="int32")
     if causal_lm.preprocessor.tokenizer.start_token_id is not None:
         ids[0, 0] = causal_lm.preprocessor.tokenizer.start_token_id
-    return {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)}
+    return testing.with_position_ids(
+        causal_lm,
+        {"token_ids": ids, "padding_mask": np.ones_like(ids, dtype=bool)},
+    )
 
 
 @pytest.mark.parametrize("family", testing.FAMILIES)

@@ -27,6 +27,7 @@ OUTCOMES = {
     "GPTNeoXCausalLM": "served",
     "GptOssCausalLM": "served",
     "Gemma3CausalLM": "served",
+    "Gemma4CausalLM": "served",
     "GemmaCausalLM": "served",
     "Llama3CausalLM": "served",
     "LlamaCausalLM": "served",
@@ -49,8 +50,6 @@ OUTCOMES = {
     "response_mask .*Missing capability: those inputs",
     "Gemma4AssistantCausalLM": "not a standalone text generator .* "
     "speculative decoding",
-    "Gemma4CausalLM": "Gemma4Backbone takes inputs position_ids .*"
-    + _ATTENTION.format("Gemma4TextAttention"),
     "Qwen3_5CausalLM": _ATTENTION.format("Qwen3_5GatedDeltaNet"),
     "Qwen3_5MoeCausalLM": _ATTENTION.format("Qwen3_5GatedDeltaNet"),
     "BLIP2Seq2SeqLM": _SEQ2SEQ,
@@ -116,14 +115,6 @@ def _parseq(vocab):
     )
 
 
-def _gemma4(vocab):
-    return keras_hub.models.Gemma4Backbone(
-        vocabulary_size=vocab, image_size=16, num_query_heads=4,
-        num_key_value_heads=2, head_dim=16, sliding_window_size=16,
-        vision_encoder=None, **_TINY,
-    )
-
-
 def _gemma4_assistant(vocab):
     backbone = keras_hub.models.Gemma4Backbone(
         vocabulary_size=vocab, image_size=16, num_layers=2,
@@ -160,7 +151,6 @@ _BACKBONES = {
         num_key_value_heads=1, head_dim=16, vit_patch_size=8,
         vit_num_heads=2, vit_hidden_dim=32, vit_num_layers=1, **_TINY,
     ),
-    "Gemma4CausalLM": _gemma4,
     # Served with head_dim 64 only (its attention sinks): this head_dim 16
     # model is refused, and exported for Keras-side use by
     # `test_allow_unservable_exports_for_keras_side_use`.

@@ -87,3 +87,33 @@ def test_golden_outputs_replay_on_the_engine(served):
     the forward pass for GPT-NeoX) are what the engine serves."""
     _, _, engine = served
     assert engine.check_golden() == []
+
+
+def test_engine_allocates_each_layers_cache(served):
+    """vLLM allocates one cache per attention layer that has its own, in the
+    shape that layer declares (head size and KV heads differ per layer in
+    Gemma 4), and none for layers that share one (KV sharing): those read
+    their source layer's cache."""
+    from keras_vllm.layers.common.base import cache_of_layer
+    from keras_vllm.layers.swap import kv_cache_specs
+    from keras_vllm.serve.worker import capacity
+
+    _, model, engine = served
+    got = engine.llm.collective_rpc("keras_vllm_kv_caches")[0]
+    specs = kv_cache_specs(model.backbone)
+    ours = cache_of_layer(specs)
+    assert len(got["shapes"]) == len(set(ours))
+    theirs = [got["layers"][f"layer.{i}"] for i in range(len(specs))]
+    # The same layers share a cache (vLLM may number the caches otherwise).
+    for i in range(len(specs)):
+        for j in range(len(specs)):
+            assert (ours[i] == ours[j]) == (theirs[i] == theirs[j]), (i, j)
+    # Layers whose padded cache rows differ get differently shaped caches.
+    padded = {
+        theirs[i]: (s.num_kv_heads, capacity.padded_head_dim(s.head_dim))
+        for i, s in enumerate(specs)
+    }
+    for a in padded:
+        for b in padded:
+            if padded[a] != padded[b]:
+                assert got["shapes"][a] != got["shapes"][b], (a, b)

@@ -27,6 +27,9 @@ from keras_vllm import testing
 VARIANTS = {family: {} for family in testing.FAMILIES} | {
     # Six layers reach Gemma 3's first global (1M-wavelength RoPE) layer.
     "gemma3": {"num_layers": 6},
+    # Six layers reach Gemma 4's first global layer (wider heads, K=V,
+    # partial RoPE).
+    "gemma4": {"num_layers": 6},
     # "su" (LongRoPE) rotary. With a pretraining length of 48, the short
     # serving prompts and their 32 new tokens stay within it (short factors)
     # and the 63- and 67-token prompts exceed it from the start (long

@@ -232,3 +232,32 @@ def test_grouped_kernel_path_adds_each_rows_biases(monkeypatch, family):
     ))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert (got[7:] == 0).all()
+
+
+@pytest.mark.parametrize("count", [1, 40])
+def test_gemma4_routed_expert_bank_equals_keras_bank(count):
+    """Gemma 4's expert bank takes its router's dense dispatch weights; the
+    routed bank computes only the top-k experts the router chose (top-k read
+    from the decoder block's router when swapped in)."""
+    def moe_layers(backbone):
+        block = backbone.get_layer("decoder_block_0")
+        return block.moe_router, block.moe_expert_bank
+
+    keras_backbone = _backbone("gemma4", num_layers=1)
+    served = _backbone("gemma4", num_layers=1)
+    served.set_weights(keras_backbone.get_weights())
+    swap.swap_in_paged_layers(served)
+    router, keras_bank = moe_layers(keras_backbone)
+    _, routed = moe_layers(served)
+    assert type(routed) is swap.paged_class_for(type(keras_bank))
+    assert routed.routed_top_k == 2
+    x = _tokens(count, 64, seed=count)
+    # Per-expert scales that differ, so each must reach its expert.
+    scales = np.linspace(0.5, 2.0, 4).astype("float32")
+    keras_bank.per_expert_scale.assign(scales)
+    routed.per_expert_scale.assign(scales)
+    dispatch = router(x)
+    tokens = x.reshape(-1, 64)
+    want = np.asarray(keras_bank(tokens, dispatch))
+    got = np.asarray(routed(tokens, dispatch))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

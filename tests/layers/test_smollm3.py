@@ -63,7 +63,7 @@ def test_attention_taking_its_cache_through_kwargs_is_found():
     assert (spec.num_query_heads, spec.num_kv_heads, spec.head_dim) == (4, 2, 16)
     swap.swap_in_paged_layers(backbone)
     assert all(type(layer) is PagedSmolLM3Attention for layer in found)
-    assert [layer.kv_cache_index for layer in found] == [0, 1, 2, 3]
+    assert [layer.kv_layer_index for layer in found] == [0, 1, 2, 3]
 
 
 def test_a_registered_attention_class_counts_whatever_its_signature(monkeypatch):

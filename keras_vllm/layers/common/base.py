@@ -16,12 +16,17 @@ class KVCacheSpec:
         num_kv_heads: key/value heads (equal to query heads without GQA).
         head_dim: size of each head.
         sliding_window: the window in tokens, or None for global attention.
+        shares_cache: the layer computes no keys or values: it attends over
+            the cache of the last earlier layer of the same kind (window or
+            none) that has its own, and writes nothing (KV sharing; vLLM
+            allocates it no cache). Shared layers come last in the model.
     """
 
     num_query_heads: int
     num_kv_heads: int
     head_dim: int
     sliding_window: int | None = None
+    shares_cache: bool = False
 
 
 def head_size(projection):
@@ -47,8 +52,9 @@ class PagedAttention:
       own sublayers, apply positions at `self.serving_positions()`, and
       attend with `self.paged_attend(...)`.
 
-    `self.kv_cache_index` (the layer's KV cache in vLLM's list) is assigned
-    when the layer is swapped in, not by call order.
+    `self.kv_layer_index` (the layer's place among the attention layers,
+    vLLM's `layer.{i}`) is assigned when the layer is swapped in, not by
+    call order; the serving context maps it to a KV cache each step.
     """
 
     # No slots of its own, so that re-classing a KerasHub layer instance as
@@ -84,6 +90,7 @@ class PagedAttention:
         soft_cap=None,
         alibi_slopes=None,
         sinks=None,
+        update_kv_cache=True,
     ):
         """Attends over vLLM's paged KV cache for this layer.
 
@@ -98,19 +105,24 @@ class PagedAttention:
                 `slope * (k_pos - q_pos)` in logit units (after `sm_scale`).
                 tpu-inference's kernel has no additive bias, so these layers
                 attend through `alibi_attention.paged_alibi_attention`
-                (same cache, pure JAX); no window, soft cap or sinks with it.
+                (same cache, pure JAX); no window, soft cap, sinks or
+                shared cache with it.
             sinks: one logit per query head for an attention sink: one
                 more softmax column with that logit and a zero value, so
                 each head may attend to "nothing". tpu-inference takes
                 sinks in its head_dim 64 kernel only (`paged_attention`).
+            update_kv_cache: False for a layer that shares another's cache
+                (`KVCacheSpec.shares_cache`): keys and values are read from
+                that cache, `key` and `value` are ignored, nothing is
+                written.
 
         Returns:
             `[T, 1, num_query_heads, head_dim]` in the query's dtype.
         """
         context = require_context(self)
-        index = self.kv_cache_index
+        layer = self.kv_layer_index
         args = (
-            context.read_cache(index),
+            context.read_cache(layer),
             query[:, 0],
             key[:, 0],
             value[:, 0],
@@ -119,10 +131,12 @@ class PagedAttention:
         if alibi_slopes is not None:
             from keras_vllm.layers.common.alibi_attention import paged_alibi_attention
 
-            if any(a is not None for a in (sliding_window, soft_cap, sinks)):
+            if any(
+                a is not None for a in (sliding_window, soft_cap, sinks)
+            ) or not update_kv_cache:
                 raise ValueError(
-                    "ALiBi paged attention takes no sliding window, soft cap "
-                    "or sinks."
+                    "ALiBi paged attention takes no sliding window, soft cap, "
+                    "sinks or shared cache."
                 )
             new_cache, out = paged_alibi_attention(
                 *args,
@@ -139,9 +153,13 @@ class PagedAttention:
                 sliding_window=sliding_window,
                 soft_cap=soft_cap,
                 sinks=None if sinks is None else ops.convert_to_tensor(sinks),
+                update_kv_cache=update_kv_cache,
                 mesh=context.mesh,
             )
-        context.write_cache(index, new_cache)
+        if update_kv_cache:
+            context.write_cache(layer, new_cache)
+        else:
+            context.mark_read(layer)
         return ops.cast(out[:, None], query.dtype)
 
 
@@ -155,3 +173,68 @@ class PagedPositionLayer:
     def serving_positions(self):
         """vLLM's token positions as a `[T]` int32 tensor."""
         return require_context(self).positions
+
+
+def _kind(spec):
+    return "full" if spec.sliding_window is None else "sliding"
+
+
+def cache_sources(specs):
+    """Which layer's KV cache each attention layer attends over.
+
+    A layer with `shares_cache` reads the cache of the last earlier layer
+    of the same kind (sliding window or full attention) that has its own:
+    the rule vLLM's runner applies to a config's `layer_types` and
+    `num_kv_shared_layers`, so shared layers must come last.
+
+    Args:
+        specs: one `KVCacheSpec` per attention layer, in backbone order.
+
+    Returns:
+        A list: for each layer, the index of the layer whose cache it uses
+        (itself when it has its own).
+
+    Raises:
+        UnsupportedModelError: shared layers that are not the last ones, or
+            whose source has another shape.
+    """
+    from keras_vllm.errors import UnsupportedModelError
+
+    shared = [i for i, spec in enumerate(specs) if spec.shares_cache]
+    first = len(specs) - len(shared)
+    if shared and shared != list(range(first, len(specs))):
+        raise UnsupportedModelError(
+            f"Attention layers {shared} share another layer's KV cache but "
+            "are not the last layers of the model; vLLM shares caches only "
+            "from the last layers (num_kv_shared_layers)."
+        )
+    sources = list(range(len(specs)))
+    for i in shared:
+        candidates = [
+            j for j in range(first) if _kind(specs[j]) == _kind(specs[i])
+        ]
+        if not candidates:
+            raise UnsupportedModelError(
+                f"Attention layer {i} shares a KV cache, but no earlier "
+                f"{_kind(specs[i])}-attention layer has one."
+            )
+        source = candidates[-1]
+        if specs[source] != dataclasses.replace(specs[i], shares_cache=False):
+            raise UnsupportedModelError(
+                f"Attention layer {i} shares the KV cache of layer {source}, "
+                f"which has another shape ({specs[source]} vs {specs[i]})."
+            )
+        sources[i] = source
+    return sources
+
+
+def cache_of_layer(specs):
+    """For each attention layer, the index of its KV cache in the list vLLM
+    allocates when it is told nothing else: one cache per layer that has
+    its own, in order; a sharing layer gets its source's."""
+    sources = cache_sources(specs)
+    own = {}
+    for i, source in enumerate(sources):
+        if source == i:
+            own[i] = len(own)
+    return [own[source] for source in sources]

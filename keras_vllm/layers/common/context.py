@@ -25,16 +25,24 @@ class ServingContext:
         lora_slots: int32 array `[T]`, each token's LoRA adapter slot (0:
             none), or None when no adapters are served
             (`keras_vllm.layers.common.lora_slots`).
+        cache_of_layer: for each attention layer (in backbone order), the
+            index of its KV cache in `kv_caches` (vLLM's
+            `layer_name_to_kvcache_index`); layers that share a cache map
+            to the same index. None: layer i uses cache i.
     """
 
     def __init__(self, kv_caches, attention_metadata, positions, mesh=None,
-                 lora_slots=None):
+                 lora_slots=None, cache_of_layer=None):
         self.kv_caches = list(kv_caches)
         self.lora_slots = lora_slots
         self.attention_metadata = attention_metadata
         self.positions = positions
         self.mesh = mesh
-        self.calls = [0] * len(self.kv_caches)
+        if cache_of_layer is None:
+            cache_of_layer = range(len(self.kv_caches))
+        self.cache_of_layer = list(cache_of_layer)
+        self.calls = [0] * len(self.cache_of_layer)
+        self.writes = [0] * len(self.kv_caches)
 
     def replicas(self):
         """How many data-parallel replicas share the step's flat batch.
@@ -94,21 +102,40 @@ class ServingContext:
         offsets = jnp.arange(replicas, dtype=request.dtype)[:, None]
         return jnp.reshape(request + offsets * per_replica, (-1,))
 
-    def read_cache(self, index):
+    def _index(self, layer):
+        index = (
+            self.cache_of_layer[layer]
+            if 0 <= layer < len(self.cache_of_layer)
+            else -1
+        )
         if not 0 <= index < len(self.kv_caches):
             raise RuntimeError(
-                f"Paged attention layer asked for KV cache {index}, but vLLM "
-                f"allocated {len(self.kv_caches)}. The artifact's config.json "
-                "and the backbone disagree on the number of attention layers."
+                f"Paged attention layer {layer} has no KV cache among the "
+                f"{len(self.kv_caches)} vLLM allocated. The artifact's "
+                "config.json and the backbone disagree on the attention "
+                "layers."
             )
-        return self.kv_caches[index]
+        return index
 
-    def write_cache(self, index, value):
+    def read_cache(self, layer):
+        """The KV cache attention layer `layer` attends over."""
+        return self.kv_caches[self._index(layer)]
+
+    def write_cache(self, layer, value):
+        """Stores the cache attention layer `layer` wrote this step."""
+        index = self._index(layer)
         self.kv_caches[index] = value
-        self.calls[index] += 1
+        self.calls[layer] += 1
+        self.writes[index] += 1
+
+    def mark_read(self, layer):
+        """Records that a layer sharing another's cache ran (no write)."""
+        self._index(layer)
+        self.calls[layer] += 1
 
     def check_all_used_once(self):
-        """Fails loudly if a layer was skipped or ran twice in one step."""
+        """Fails loudly if a layer was skipped or ran twice in one step, or
+        a cache was written other than once."""
         bad = [i for i, n in enumerate(self.calls) if n != 1]
         if bad:
             raise RuntimeError(
@@ -116,6 +143,14 @@ class ServingContext:
                 + ", ".join(f"{self.calls[i]} times for layer {i}" for i in bad)
                 + "; every attention layer must run exactly once per step. "
                 "A layer of this backbone bypasses its paged subclass."
+            )
+        bad = [i for i, n in enumerate(self.writes) if n != 1]
+        if bad:
+            raise RuntimeError(
+                "KV caches "
+                + ", ".join(f"{i} ({self.writes[i]} writes)" for i in bad)
+                + " were not written exactly once this step; the layers "
+                "sharing caches disagree with vLLM's cache map."
             )
 
 

@@ -31,6 +31,7 @@ def paged_attention(
     sliding_window=None,
     soft_cap=None,
     sinks=None,
+    update_kv_cache=True,
     mesh=None,
 ):
     """Writes this step's K/V into a layer's paged cache and attends over it.
@@ -56,6 +57,9 @@ def paged_attention(
             gets one more column with that logit and a zero value. Only
             tpu-inference's head_dim 64 kernel takes sinks (it refuses them
             for other head dims, and so does this call, by name).
+        update_kv_cache: if False, `key`/`value` are not written: the layer
+            reads a cache another layer wrote this step (KV sharing), and
+            `new_kv_cache` is `kv_cache` unchanged.
         mesh: the `jax.sharding.Mesh` the model was built with. If None, the
             mesh of the enclosing `jax.set_mesh(...)` context is used (the
             tpu-inference runner sets it around every step), and outside any
@@ -103,6 +107,7 @@ def paged_attention(
         attention_chunk_size=sliding_window,
         attn_logits_soft_cap=soft_cap,
         sinks=sinks,
+        update_kv_cache=update_kv_cache,
     )
     return new_kv_cache, out[..., :head_dim]
 

@@ -41,6 +41,29 @@ def padded_head_dim(head_dim):
     return head_dim if head_dim == 64 else -(-head_dim // 128) * 128
 
 
+def cache_shapes(config):
+    """`(num_kv_heads, head_dim)` of each KV cache vLLM allocates for the
+    artifact's `config.json`, as tpu-inference's runner reads it: per kind
+    of layer (`layer_types`), with the last `num_kv_shared_layers` layers
+    allocating none (they read an earlier layer's cache)."""
+    layers = int(config["num_hidden_layers"])
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config["head_dim"])
+    types = config.get("layer_types") or ["full_attention"] * layers
+    global_kv = (
+        int(config["num_global_key_value_heads"])
+        if config.get("attention_k_eq_v") else kv_heads
+    )
+    global_dim = int(config.get("global_head_dim") or head_dim)
+    owned = layers - int(config.get("num_kv_shared_layers") or 0)
+    return [
+        (kv_heads, head_dim) if kind == "sliding_attention"
+        else (global_kv, global_dim)
+        for kind in types[:owned]
+    ]
+
+
 def per_device(backbone, config, dtype, sizes=TP_SIZES):
     """Rows `(tp, weight_bytes, kv_bytes_per_token)` per device, with
     `None` bytes for sizes serving refuses (`tensor_parallel.refusal`).
@@ -52,10 +75,7 @@ def per_device(backbone, config, dtype, sizes=TP_SIZES):
         sizes: the TP sizes to report.
     """
     itemsize = _itemsize(dtype)
-    heads = int(config["num_attention_heads"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = padded_head_dim(int(config["head_dim"]))
-    layers = int(config["num_hidden_layers"])
+    shapes = cache_shapes(config)
     variables = [v for _, v in sharding.owned_variables(backbone)]
     rows = []
     for size in sizes:
@@ -72,7 +92,10 @@ def per_device(backbone, config, dtype, sizes=TP_SIZES):
             # Each variable in its own dtype: quantized kernels are int8.
             weight_bytes += count * _itemsize(variable.dtype) // split
         # KV heads are padded up to the TP size when fewer (repeated).
-        kv_per_device = max(kv_heads, size) // size
-        kv_bytes = layers * 2 * kv_per_device * head_dim * itemsize
+        kv_bytes = sum(
+            2 * (max(kv_heads, size) // size) * padded_head_dim(head_dim)
+            * itemsize
+            for kv_heads, head_dim in shapes
+        )
         rows.append((size, weight_bytes, kv_bytes))
     return rows

@@ -128,6 +128,20 @@ class KerasVllmWorkerExtension:
             pages[replica] = max(pages[replica], int(used.sum()))
         return pages
 
+    def keras_vllm_kv_caches(self):
+        """The KV caches vLLM allocated and which attention layer uses each.
+
+        Returns:
+            A dict: `"shapes"`, the shape of each cache array (in vLLM's
+            list order); `"layers"`, `{"layer.{i}": cache index}` (layers
+            that share a cache point at their source's).
+        """
+        runner = self.model_runner
+        return {
+            "shapes": [list(cache.shape) for cache in runner.kv_caches],
+            "layers": dict(runner.layer_name_to_kvcache_index),
+        }
+
 
 def _axis(axis):
     if axis is None or isinstance(axis, str):

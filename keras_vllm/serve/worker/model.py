@@ -16,6 +16,8 @@ from keras import ops
 
 from keras_vllm import envs
 from keras_vllm import progress
+from keras_vllm.export.capabilities import backbone_input_names
+from keras_vllm.layers.common.base import cache_of_layer
 from keras_vllm.layers.common.context import ServingContext
 from keras_vllm.layers.common.context import serving_context
 from keras_vllm.layers.swap import swap_in_paged_layers
@@ -73,7 +75,16 @@ class KerasVllmForCausalLM(nnx.Module):
             )
             # A model with encoders (a vision tower) serves its text decoder.
             backbone = served_backbone(backbone, manifest)
-        self.attention_layers = len(swap_in_paged_layers(backbone))
+        attention = swap_in_paged_layers(backbone)
+        self.attention_layers = len(attention)
+        # Which cache each layer uses when vLLM passes no map (layers that
+        # share a cache read their source's).
+        self.default_cache_of_layer = tuple(
+            cache_of_layer([layer.kv_cache_spec() for layer in attention])
+        )
+        # vLLM's positions go in as `position_ids` too, for backbones that
+        # take them (their rotary layers read the input).
+        self.feeds_positions = "position_ids" in backbone_input_names(backbone)
         self.artifact = artifact
         register_model(self.vllm_config, manifest)
         # `repr(llm)` (a notebook showing `engine.llm`) describes the model.
@@ -147,20 +158,34 @@ class KerasVllmForCausalLM(nnx.Module):
             kv_caches, attention_metadata, positions, mesh=self.mesh,
             lora_slots=token_slots(lora_metadata, input_ids.shape[0])
             if getattr(self, "lora_layers", 0) else None,
+            cache_of_layer=self._cache_of_layer(layer_name_to_kvcache_index),
         )
         # vLLM's T tokens run as T sequences of one token: the backbone's
         # masks stay [T, 1, 1] and positions come from the context.
         token_ids = ops.expand_dims(input_ids, axis=-1)
-        with serving_context(context):
-            hidden = self.backbone(
-                {
-                    "token_ids": token_ids,
-                    "padding_mask": ops.ones_like(token_ids),
-                },
-                training=False,
+        inputs = {
+            "token_ids": token_ids,
+            "padding_mask": ops.ones_like(token_ids),
+        }
+        if self.feeds_positions:
+            inputs["position_ids"] = ops.expand_dims(
+                ops.cast(positions, "int32"), axis=-1
             )
+        with serving_context(context):
+            hidden = self.backbone(inputs, training=False)
         context.check_all_used_once()
         return context.kv_caches, hidden[:, 0, :], [], None
+
+    def _cache_of_layer(self, layer_name_to_kvcache_index):
+        """Each attention layer's cache index: vLLM's map (`layer.{i}` ->
+        index, KV-shared layers pointing at their source's cache) when the
+        runner passes one, else the artifact's own."""
+        names = dict(layer_name_to_kvcache_index or ())
+        if not names:
+            return self.default_cache_of_layer
+        return tuple(
+            names[f"layer.{i}"] for i in range(self.attention_layers)
+        )
 
     def modules(self):
         """No torch submodules (vLLM's in-process engine walks them at
