@@ -24,7 +24,14 @@ ALL_FAMILIES = sorted(trained_models.VARIANTS)
 # GPT-NeoX `generate()` rotates decode queries at position 0 (its cached
 # decoding is wrong), so its reference is greedy decoding by full forward
 # passes.
-REFERENCE = {"gpt_neo_x": reference.greedy_by_forward_pass}
+REFERENCE = {
+    "gpt_neo_x": reference.greedy_by_forward_pass,
+    # Phi-3's "su" RoPE makes rows of one batched `generate()` depend on each
+    # other (`serving_checks.generate_alone`): each prompt is decoded alone,
+    # as `generate(prompt)` does. (This was the "order-dependent" mismatch:
+    # which prompts shared the reference batch depended on what ran before.)
+    "phi3": serving_checks.generate_alone,
+}
 
 
 def served_fixture(families):
@@ -47,23 +54,8 @@ def _greedy(family):
     return REFERENCE.get(family, reference.greedy_continuation)
 
 
-# Open (see the session-5 note): in the full suite, and only there (CI twice,
-# locally once), Phi-3's 63-token prompt (past its 48-token pretraining
-# length: long rotary factors) decodes other tokens than generate() from its
-# 3rd token on; the module alone passes, also with 4 virtual devices. Not
-# strict: a pass is reported as XPASS, not hidden.
-_ORDER_DEPENDENT = {"phi3"}
-
-
-def test_greedy_matches_generate(served, request):
+def test_greedy_matches_generate(served):
     family, model, engine = served
-    if family in _ORDER_DEPENDENT:
-        request.applymarker(
-            pytest.mark.xfail(
-                reason="order-dependent mismatch on the long-factor prompt",
-                strict=False,
-            )
-        )
     serving_checks.check_greedy_matches_generate(
         engine, model, greedy=_greedy(family)
     )

@@ -32,10 +32,29 @@ def serving_prompts():
 _EXPECTED = weakref.WeakKeyDictionary()
 
 # The greedy reference functions by the name `reference.greedy_batch` takes.
+def generate_alone(causal_lm, token_ids, max_new_tokens, stop_token_ids):
+    """`generate()` on one prompt, never batched with others: the reference
+    for models whose batched `generate()` rows depend on each other (see
+    `expected_batch`)."""
+    return reference.greedy_continuation(
+        causal_lm, token_ids, max_new_tokens, stop_token_ids
+    )
+
+
 _NAMES = {
     reference.greedy_continuation: "generate",
     reference.greedy_by_forward_pass: "forward_pass",
+    generate_alone: "generate",
 }
+# References computed one prompt per `generate()` call. KerasHub's batched
+# `generate()` decodes every row from the shortest prompt's length on, and
+# recomputes a longer prompt's keys at those positions in one-token calls;
+# a layer whose math depends on the call's `start_index + length` (Phi-3's
+# "su" RoPE picks its long or short factors so) then gives a long prompt
+# short-factor keys when it shares a batch with a short one. Alone, as a
+# user calls `generate(prompt)`, it keeps its long factors (and vLLM, which
+# decides per sequence, serves that).
+_ALONE = {generate_alone}
 
 
 def expected_batch(greedy, causal_lm, prompt_ids, new_tokens, stops=()):
@@ -51,17 +70,23 @@ def expected_batch(greedy, causal_lm, prompt_ids, new_tokens, stops=()):
     # module's tokens).
     memo = _EXPECTED.setdefault(causal_lm, {})
     name = _NAMES[greedy]
+    alone = greedy in _ALONE
 
     def key(ids):
-        return (name, tuple(ids), new_tokens, tuple(stops))
+        return (name, alone, tuple(ids), new_tokens, tuple(stops))
 
     missing = list(dict.fromkeys(tuple(ids) for ids in prompt_ids))
     missing = [ids for ids in missing if key(ids) not in memo]
     if missing:
-        rows = reference.greedy_batch(
-            causal_lm, [list(ids) for ids in missing], new_tokens,
-            list(stops), name=name,
-        )
+        batches = [[ids] for ids in missing] if alone else [missing]
+        rows = [
+            row
+            for batch in batches
+            for row in reference.greedy_batch(
+                causal_lm, [list(ids) for ids in batch], new_tokens,
+                list(stops), name=name,
+            )
+        ]
         for ids, row in zip(missing, rows):
             memo[key(ids)] = list(row)
     return [memo[key(ids)] for ids in prompt_ids]

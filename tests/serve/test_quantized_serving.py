@@ -21,7 +21,7 @@ CASES = [
     (family, mode, 1)
     for family in ("llama", "gpt2")
     for mode in quantized_models.MODES
-] + [("llama", "int8", 2)]
+] + [("llama", "int8", 2), ("mixtral", "int8", 1)]
 
 # Teacher-forced logprobs against Keras' forward pass. int4 (weights only)
 # and GPTQ dequantize their weights and compute in float: every position
