@@ -34,8 +34,8 @@ from keras_hub.src.models.gpt_oss.gpt_oss_decoder import GptOssSparseMoeBlock
 
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.layers.common.base import KVCacheSpec
-from keras_vllm.layers.common.base import PagedAttention
 from keras_vllm.layers.common.registry import register_paged
+from keras_vllm.layers.common.rotary_attention import RotaryPagedAttention
 from keras_vllm.layers.common.routed_experts import RoutedExperts
 
 # The only head size whose kernel takes attention sinks on TPU.
@@ -43,8 +43,10 @@ SINK_HEAD_DIM = 64
 
 
 @register_paged(GptOssAttention)
-class PagedGptOssAttention(GptOssAttention, PagedAttention):
+class PagedGptOssAttention(GptOssAttention, RotaryPagedAttention):
     """`GptOssAttention` over vLLM's paged KV cache."""
+
+    PROJECTIONS = ("query_dense", "key_dense", "value_dense", "output_dense")
 
     def kv_cache_spec(self):
         if self._head_dim != SINK_HEAD_DIM:
@@ -68,28 +70,10 @@ class PagedGptOssAttention(GptOssAttention, PagedAttention):
             sliding_window=window,
         )
 
-    def call(
-        self,
-        hidden_states,
-        attention_mask=None,
-        cache=None,
-        cache_update_index=None,
-        training=None,
-    ):
-        positions = self.serving_positions()
-        rope = self.rotary_embedding_layer
-        query = rope(self.query_dense(hidden_states), positions=positions)
-        key = rope(self.key_dense(hidden_states), positions=positions)
-        out = self.paged_attend(
-            query,
-            key,
-            self.value_dense(hidden_states),
-            sm_scale=self._inv_norm_factor,
-            sliding_window=self.kv_cache_spec().sliding_window,
-            sinks=self.sinks,
-        )
-        out = self.output_dense(out)
-        return (out, cache) if cache is not None else out
+    call = RotaryPagedAttention.call
+
+    def attend_options(self):
+        return {"sinks": self.sinks}
 
 
 @register_paged(GptOssSparseMoeBlock)

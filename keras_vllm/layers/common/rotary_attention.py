@@ -45,6 +45,11 @@ class RotaryPagedAttention(PagedAttention):
             value_dense(hidden_states),
             sm_scale=self._inv_norm_factor,
             sliding_window=self.kv_cache_spec().sliding_window,
+            **self.attend_options(),
         )
         out = output_dense(out)
         return (out, cache) if cache is not None else out
+
+    def attend_options(self):
+        """More `paged_attend` arguments of a family (e.g. `sinks`)."""
+        return {}
