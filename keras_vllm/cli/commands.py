@@ -27,14 +27,13 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 
 
 def _export(args):
-    import keras_hub
-
     import keras_vllm
-
     from keras_vllm.errors import ExportError
 
+    from keras_vllm.export.capabilities import preset_causal_lm_class
+
     try:
-        causal_lm = keras_hub.models.CausalLM.from_preset(
+        causal_lm = preset_causal_lm_class(args.preset).from_preset(
             args.preset, dtype=args.dtype
         )
     except Exception as e:  # keras-hub raises many types for a bad preset

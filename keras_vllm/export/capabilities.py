@@ -49,6 +49,52 @@ def extra_inputs(backbone):
     return [n for n in backbone_input_names(backbone) if n not in TEXT_INPUTS]
 
 
+def _takes_preprocessor(cls):
+    """Whether a `CausalLM` class's constructor takes a `preprocessor` (an
+    unreadable signature counts as yes)."""
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return True
+    return "preprocessor" in params
+
+
+def preset_causal_lm_class(preset):
+    """The `CausalLM` class to load a preset with, for export.
+
+    keras-hub's `CausalLM.from_preset` picks any registered subclass whose
+    backbone class is the preset's, and several can share one (a model and
+    its speculative-decoding drafter); it picks among them in no fixed
+    order. This returns the one standalone text generator among them when
+    there is exactly one, else `keras_hub.models.CausalLM` (keras-hub's own
+    choice).
+
+    Args:
+        preset: a preset handle or local directory (a Hugging Face
+            checkpoint keras-hub converts included).
+
+    Example:
+
+    ```python
+    cls = preset_causal_lm_class("./gemma4_tuned_preset")
+    causal_lm = cls.from_preset("./gemma4_tuned_preset")
+    ```
+    """
+    import keras_hub
+    from keras_hub.src.utils import preset_utils
+
+    backbone_cls = preset_utils.get_preset_loader(preset).check_backbone_class()
+    standalone = [
+        cls
+        for cls in preset_utils.list_subclasses(keras_hub.models.CausalLM)
+        if getattr(cls, "backbone_cls", None) is backbone_cls
+        and _takes_preprocessor(cls)
+    ]
+    if len(standalone) == 1:
+        return standalone[0]
+    return keras_hub.models.CausalLM
+
+
 def check_standalone(causal_lm):
     """Refuses a `CausalLM` class that cannot generate on its own.
 
@@ -68,11 +114,7 @@ def check_standalone(causal_lm):
             "Missing capability: encoder-decoder (cross-attention) serving; "
             "keras-vllm serves decoder-only CausalLMs."
         )
-    try:
-        params = inspect.signature(type(causal_lm).__init__).parameters
-    except (TypeError, ValueError):
-        return
-    if "preprocessor" not in params:
+    if not _takes_preprocessor(type(causal_lm)):
         raise UnsupportedModelError(
             f"{_class_name(causal_lm)} is not a standalone text generator "
             "(its constructor takes no preprocessor: it runs alongside "

@@ -88,3 +88,23 @@ def test_final_logit_cap_outside_the_backbone_is_refused(tmp_path):
     with pytest.raises(keras_vllm.UnsupportedModelError, match="final_logit_cap"):
         keras_vllm.export_vllm(capped, tmp_path / "artifact")
     assert not (tmp_path / "artifact").exists()
+
+
+def test_a_gemma4_preset_loads_as_the_text_generator_not_its_drafter(
+    tmp_path,
+):
+    # keras-hub registers two CausalLM classes for `Gemma4Backbone` (the
+    # model and its MTP drafter) and `CausalLM.from_preset` picks either;
+    # `keras-vllm export PRESET` must build the model.
+    import keras_hub
+
+    from keras_vllm.export.capabilities import preset_causal_lm_class
+
+    preset = testing.save_tiny_preset(
+        testing.build_tiny_causal_lm("gemma4"), tmp_path / "preset"
+    )
+    assert preset_causal_lm_class(preset) is keras_hub.models.Gemma4CausalLM
+    llama = testing.save_tiny_preset(
+        testing.build_tiny_causal_lm("llama"), tmp_path / "llama"
+    )
+    assert preset_causal_lm_class(llama) is keras_hub.models.LlamaCausalLM
