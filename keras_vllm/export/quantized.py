@@ -24,8 +24,22 @@ def quantized_layers(backbone, dtype):
     Keras 3.15's `DTypePolicyMap.get_config()` (called by every
     `backbone.get_config()`) sets the live policies' names to None.
     """
+    from keras_vllm.layers import swap
+
+    raw = swap.raw_kernel_layers(backbone)
     found = {}
     for path, layer in weight_io.quantized_layers(backbone).items():
+        if path in raw:
+            parent, name = raw[path]
+            raise UnsupportedModelError(
+                f"Layer '{path}' is quantized ({layer.quantization_mode}), "
+                f"but KerasHub's {parent} multiplies by its `{name}.kernel` "
+                "directly instead of calling it, so the quantized values are "
+                "used as raw integers and the model's output is wrong in "
+                "Keras too. Quantize the other layers only (e.g. "
+                "`layer.quantize(mode)` on the attention projections), or "
+                "export the float model."
+            )
         if getattr(layer, "lora_enabled", False):
             # Keras computes such a layer as quantized kernel + float LoRA
             # product; merging would re-quantize the sum, and the served

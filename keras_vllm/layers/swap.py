@@ -170,6 +170,23 @@ def text_decoder_config(backbone_or_config, backbone_cls=None):
     return None if fn is None else fn(dict(config))
 
 
+def raw_kernel_layers(backbone):
+    """`{sublayer path: (parent class name, attribute)}` of the backbone's
+    layers whose kernels their parent reads directly
+    (`registry.register_raw_kernel_readers`)."""
+    readers = registry.raw_kernel_readers()
+    found = {}
+    for layer in backbone._flatten_layers(include_self=False, recursive=True):
+        for cls, names in readers.items():
+            if not isinstance(layer, cls):
+                continue
+            for name in names:
+                sublayer = getattr(layer, name, None)
+                if sublayer is not None:
+                    found[sublayer.path] = (type(layer).__name__, name)
+    return found
+
+
 def supported_families_table():
     """The README's table of served layers, generated from the registry.
 

@@ -108,3 +108,19 @@ def test_a_gemma4_preset_loads_as_the_text_generator_not_its_drafter(
         testing.build_tiny_causal_lm("llama"), tmp_path / "llama"
     )
     assert preset_causal_lm_class(llama) is keras_hub.models.LlamaCausalLM
+
+
+def test_a_quantized_ffn_keras_hub_reads_raw_is_refused_by_name(tmp_path):
+    # KerasHub's Gemma 4 decoder block multiplies by its FFN layers'
+    # `.kernel` directly: quantized, they compute with raw int8 values.
+    from keras_vllm.errors import UnsupportedModelError
+
+    causal_lm = testing.build_tiny_causal_lm("gemma4")
+    causal_lm.backbone.quantize("int8")
+    with pytest.raises(
+        UnsupportedModelError, match=r"(gating_ffw|ffw_linear)\.kernel. directly"
+    ):
+        keras_vllm.export_vllm(
+            causal_lm, tmp_path / "artifact", golden_prompts=()
+        )
+    assert not (tmp_path / "artifact").exists()

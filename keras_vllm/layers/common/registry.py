@@ -24,6 +24,7 @@ text prompts through that decoder.
 
 _PAGED_CLASSES = {}
 _TEXT_DECODERS = {}
+_RAW_KERNEL_READERS = {}
 
 
 def register_paged(base_cls):
@@ -129,3 +130,29 @@ def register_text_decoder(backbone_cls):
 def text_decoders():
     """`{backbone_class: text decoder config function}` registered so far."""
     return dict(_TEXT_DECODERS)
+
+
+def register_raw_kernel_readers(parent_cls, layer_names):
+    """Declares sublayers whose kernels a KerasHub layer multiplies by
+    directly (`ops.matmul(x, self.ffw.kernel)`) instead of calling them.
+
+    Keras computes a quantized layer in its own `call`; read this way, a
+    quantized kernel is used as raw integers and the model's output is
+    wrong in Keras too. Export refuses such layers quantized, by name.
+
+    Args:
+        parent_cls: the KerasHub layer class (instances of subclasses too).
+        layer_names: attribute names of its sublayers read this way.
+
+    Example:
+
+    ```python
+    register_raw_kernel_readers(Gemma4TextDecoderBlock, ("ffw_linear",))
+    ```
+    """
+    _RAW_KERNEL_READERS[parent_cls] = tuple(layer_names)
+
+
+def raw_kernel_readers():
+    """`{parent class: sublayer attribute names}` registered so far."""
+    return dict(_RAW_KERNEL_READERS)
