@@ -1,5 +1,5 @@
-"""What the small benchmarks (`tensor_parallel`, `quantized`, `adapters`,
-`warm_start`, `export_cost`) share: the prompts, an export, one engine's
+"""What the small benchmarks (`tensor_parallel`, `data_parallel`, `quantized`,
+`adapters`, `warm_start`, `export_cost`) share: the prompts, an export, one engine's
 start time and output rate, and one-shot worker processes.
 """
 
@@ -62,6 +62,37 @@ def measure(path, prompts, max_tokens, **engine_kwargs):
     layout = engine.weights_layout()
     engine.shutdown()
     return started, tokens / seconds, layout["devices"]
+
+
+def size_arguments(description, prompts):
+    """The command line of a benchmark over parallel sizes (`--family`,
+    `--sizes`, `--prompts`, `--max-tokens`), parsed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--family", default="llama")
+    parser.add_argument("--sizes", default="1,2")
+    parser.add_argument("--prompts", type=int, default=prompts)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    return parser.parse_args()
+
+
+def measure_sizes(args, setting):
+    """Exports a tiny model of `args.family` once and measures an engine
+    per size of `args.sizes`, passing `setting=size` to it.
+
+    Returns:
+        `[(size, start_seconds, output_tokens_per_second,
+        per_device_bytes)]`.
+    """
+    from keras_vllm import testing
+
+    path = export(testing.build_tiny_causal_lm(args.family))
+    prompts = corpus_prompts(args.prompts)
+    return [
+        (size, *measure(path, prompts, args.max_tokens, **{setting: size}))
+        for size in [int(s) for s in args.sizes.split(",")]
+    ]
 
 
 def print_table(args, header, rows):

@@ -11,29 +11,12 @@ Each engine is started in vLLM's default multiprocess mode with the product's
 warm-up, so start times include compiling every bucket.
 """
 
-import argparse
-
 from keras_vllm.bench import engine_rate
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", default="llama")
-    parser.add_argument("--sizes", default="1,2")
-    parser.add_argument("--prompts", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    args = parser.parse_args()
-
-    from keras_vllm import testing
-
-    path = engine_rate.export(testing.build_tiny_causal_lm(args.family))
-    prompts = engine_rate.corpus_prompts(args.prompts)
-    rows = []
-    for size in [int(s) for s in args.sizes.split(",")]:
-        started, rate, devices = engine_rate.measure(
-            path, prompts, args.max_tokens, tensor_parallel_size=size
-        )
-        rows.append((size, started, rate, devices))
+    args = engine_rate.size_arguments(__doc__.splitlines()[0], prompts=16)
+    rows = engine_rate.measure_sizes(args, "tensor_parallel_size")
     engine_rate.print_table(
         args,
         ["TP", "engine start (s)", "output tok/s", "weight bytes per device"],
