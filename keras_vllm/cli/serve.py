@@ -42,6 +42,10 @@ def serve_command(path, extra, preset=None):
     ):
         if value is not None and flag not in given:
             command += [flag, str(value)]
+    if defaults.get("enable_prefix_caching") is False and (
+        "--no-enable-prefix-caching" not in given
+    ):
+        command.append("--no-enable-prefix-caching")
     return command + list(extra)
 
 

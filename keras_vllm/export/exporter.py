@@ -340,6 +340,7 @@ def _export(
             quantization=quantization,
             adapter=adapter_section,
             unserved_inputs=capabilities.extra_inputs(backbone),
+            prefix_caching=sections.prefix_caching(causal_lm, unservable),
         )
         fmt.write_json(os.path.join(tmp, fmt.MANIFEST_FILE), manifest)
         if signer is not None:

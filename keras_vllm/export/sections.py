@@ -148,6 +148,16 @@ def golden_reference(causal_lm, servable):
     return golden_reference(causal_lm.backbone)
 
 
+def prefix_caching(causal_lm, unservable):
+    """The manifest's `prefix_caching`: what the paged layers declare (an
+    unservable artifact is never served: True, the default)."""
+    if unservable is not None:
+        return True
+    from keras_vllm.layers.swap import prefix_cacheable
+
+    return prefix_cacheable(causal_lm.backbone)
+
+
 @contextlib.contextmanager
 def golden_alongside(
     causal_lm, prompts, max_new_tokens, stop_token_ids, golden_ref, as_stored

@@ -45,11 +45,13 @@ from keras_vllm.format.files import sha256_files
 from keras_vllm.format.files import write_json
 from keras_vllm.format.manifest import new_manifest
 from keras_vllm.format.manifest import read_manifest
-from keras_vllm.format.manifest import served_modalities
-from keras_vllm.format.manifest import unserved_inputs
 from keras_vllm.format.manifest import tokenizer_fingerprint
 from keras_vllm.format.manifest import validate_manifest
 from keras_vllm.format.manifest import validate_shape
 from keras_vllm.format.names import *  # noqa: F401,F403
 from keras_vllm.format.opened import Artifact
 from keras_vllm.format.opened import open_artifact
+from keras_vllm.format.serving import no_prefix_caching_message
+from keras_vllm.format.serving import prefix_caching
+from keras_vllm.format.serving import served_modalities
+from keras_vllm.format.serving import unserved_inputs

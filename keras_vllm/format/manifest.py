@@ -69,7 +69,7 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
                  max_sequence_length, sampler_in_vllm, unservable_reason,
                  parameter_count, weights, sections, files,
                  golden_reference="generate", quantization=None,
-                 adapter=None, unserved_inputs=()):
+                 adapter=None, unserved_inputs=(), prefix_caching=True):
     """Assembles a manifest of this format version (see docs/FORMAT.md).
 
     Args:
@@ -93,6 +93,9 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
             (`keras_vllm.format.adapter`), else None.
         unserved_inputs: the backbone's inputs the served model does not
             take (an encoder's: the artifact serves its text decoder).
+        prefix_caching: whether vLLM may reuse cached KV blocks across
+            requests (False when a paged layer's keys depend on the
+            sequence's length: `PagedAttention.prefix_cacheable`).
 
     Returns:
         The validated manifest dict.
@@ -117,6 +120,7 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
             "served": ["text"],
             "unserved_inputs": sorted(unserved_inputs),
         },
+        "prefix_caching": bool(prefix_caching),
         "files": files,
     }
     if quantization is not None:
@@ -189,9 +193,14 @@ def validate_manifest(manifest):
         if manifest.get(key) is not None:
             value = _field(manifest, key, str, "manifest")
             _expect(len(value) < 10_000, f"'{key}' is too long.")
-    for key in ("servable", "sampler_in_vllm"):
+    for key in ("servable", "sampler_in_vllm", "prefix_caching"):
         if key in manifest:
             _field(manifest, key, bool, "manifest")
+    _expect(
+        "prefix_caching" not in manifest or tuple(version) >= (1, 8),
+        "'prefix_caching' is a format 1.8 field, but the artifact declares "
+        f"{version[0]}.{version[1]}.",
+    )
     if "parameter_count" in manifest:
         count = _field(manifest, "parameter_count", int, "manifest")
         _expect(0 <= count <= MAX_ELEMENTS, "'parameter_count' out of range.")
@@ -321,17 +330,6 @@ def _validate_modalities(manifest):
         and all(isinstance(n, str) and 0 < len(n) < 200 for n in unserved),
         "'modalities.unserved_inputs' must be a short list of input names.",
     )
-
-
-def served_modalities(manifest):
-    """What requests to the artifact may hold (1.5 and older: text)."""
-    return list(manifest.get("modalities", {}).get("served", ["text"]))
-
-
-def unserved_inputs(manifest):
-    """The backbone inputs the served model does not take (none before 1.6):
-    when any, the artifact serves its text decoder alone."""
-    return list(manifest.get("modalities", {}).get("unserved_inputs", []))
 
 
 def read_manifest(directory, sha256=None):

@@ -7,7 +7,7 @@ once; the rest of `keras_vllm.format` (and nothing outside it) spells them.
 FORMAT_NAME = "keras_vllm"
 # The major version changes when a reader of an older version could
 # misread an artifact; the minor version when fields are only added.
-FORMAT_VERSION = (1, 7)
+FORMAT_VERSION = (1, 8)
 
 # vLLM-facing names. Chosen so they cannot collide with keras-hub 0.32's own
 # plugin, which registers `keras_hub` / `KerasHubForCausalLM`.
@@ -100,7 +100,8 @@ VARIABLE_PATH_PATTERN = r"[A-Za-z0-9_]{1,200}(/[A-Za-z0-9_]{1,200}){0,31}"
 # others unless the artifact declares a newer minor version). 1.1 added
 # `golden_reference`, 1.2 `quantization`, 1.3 `adapter` (1.4 only a key
 # inside it, `factor_dtype`), 1.6 `modalities`. 1.7 adds no manifest field:
-# config.json's per-kind KV cache fields (`format.vllm_files`).
+# config.json's per-kind KV cache fields (`format.vllm_files`); 1.8
+# `prefix_caching`.
 MANIFEST_FIELDS = (
     "format",
     "format_version",
@@ -124,6 +125,7 @@ MANIFEST_FIELDS = (
     "quantization",
     "adapter",
     "modalities",
+    "prefix_caching",
     "files",
 )
 # What a served artifact takes in requests (`manifest.modalities.served`);

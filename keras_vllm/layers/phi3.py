@@ -76,6 +76,17 @@ class PagedPhi3Attention(Phi3Attention, PagedAttention):
             head_dim=head_size(self.query_dense),
         )
 
+    def prefix_cacheable(self):
+        # Keys are rotated with the factors for their sequence's length at
+        # the step that wrote them: a block cached by a short request holds
+        # short-factor keys that a longer prompt over the same prefix (past
+        # the pretraining length, all long factors in Keras) must not read.
+        rope = self.rotary_embedding_layer
+        return not (
+            isinstance(rope, Phi3SuScaledRotaryEmbedding)
+            and rope.max_sequence_length > rope.pretraining_sequence_length
+        )
+
     def call(
         self,
         hidden_states,

@@ -207,6 +207,17 @@ def supported_families_table():
     return "\n".join(lines)
 
 
+def prefix_cacheable(backbone):
+    """Whether vLLM may serve `backbone` with prefix caching: every paged
+    layer's `prefix_cacheable()` (called on the KerasHub layers, swapped or
+    not)."""
+    return all(
+        paged_class_for(layer).prefix_cacheable(layer)
+        for layer in find_attention_layers(backbone)
+        if paged_class_for(layer) is not None
+    )
+
+
 def golden_reference(backbone):
     """How the served output of `backbone` is predicted in Keras.
 

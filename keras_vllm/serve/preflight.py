@@ -117,6 +117,11 @@ _SERVE_OPTIONS = {
 # `vllm serve` switches that `check()` judges (True when given).
 _SERVE_SWITCHES = {
     "enable_lora": ("--enable-lora",),
+    "enable_prefix_caching": ("--enable-prefix-caching",),
+}
+# Switches that turn a setting off (False when given).
+_SERVE_OFF_SWITCHES = {
+    "enable_prefix_caching": ("--no-enable-prefix-caching",),
 }
 
 
@@ -131,6 +136,9 @@ def overrides_from_argv(argv):
     for key, names in _SERVE_SWITCHES.items():
         if any(arg in names for arg in argv):
             found[key] = True
+    for key, names in _SERVE_OFF_SWITCHES.items():
+        if any(arg in names for arg in argv):
+            found[key] = False
     return found
 
 
@@ -187,6 +195,10 @@ def serving_defaults(artifact, overrides):
     if detect.is_cpu_host():
         kwargs["max_num_seqs"] = _CPU_MAX_NUM_SEQS
         kwargs["max_num_batched_tokens"] = _CPU_MAX_NUM_BATCHED_TOKENS
+    if not fmt.prefix_caching(manifest):
+        if overrides.get("enable_prefix_caching"):
+            raise ServingError(fmt.no_prefix_caching_message(path))
+        kwargs["enable_prefix_caching"] = False
     kwargs.update(overrides)
     max_len = kwargs.get("max_model_len")
     if max_len is not None and int(max_len) > max_positions:

@@ -100,6 +100,7 @@ def test_format_1_0_artifacts_still_load(exported, tmp_path):
     manifest = json.load(open(manifest_path))
     manifest["format_version"] = [1, 0]
     del manifest["golden_reference"]
+    del manifest["prefix_caching"]  # 1.8
     fmt.write_json(manifest_path, manifest)
     opened = fmt.open_artifact(path).validate()
     assert "golden_reference" not in opened.manifest
@@ -116,6 +117,7 @@ def test_format_1_5_artifacts_serve_text(exported, tmp_path):
     assert manifest["modalities"] == {"served": ["text"], "unserved_inputs": []}
     manifest["format_version"] = [1, 5]
     del manifest["modalities"]
+    del manifest["prefix_caching"]  # 1.8
     fmt.write_json(manifest_path, manifest)
     opened = fmt.open_artifact(path).validate()
     assert fmt.served_modalities(opened.manifest) == ["text"]

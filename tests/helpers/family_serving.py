@@ -26,11 +26,11 @@ ALL_FAMILIES = sorted(trained_models.VARIANTS)
 # passes.
 REFERENCE = {
     "gpt_neo_x": reference.greedy_by_forward_pass,
-    # Phi-3's "su" RoPE makes rows of one batched `generate()` depend on each
-    # other (`serving_checks.generate_alone`): each prompt is decoded alone,
-    # as `generate(prompt)` does. (This was the "order-dependent" mismatch:
-    # which prompts shared the reference batch depended on what ran before.)
-    "phi3": serving_checks.generate_alone,
+    # Phi-3's "su" RoPE keys its factors off the length a call covers, and
+    # `generate()` prefills the prompt padded to `max_length`
+    # (`serving_checks.greedy_by_cached_steps`): the reference is Keras'
+    # cached decoding with the prompt at its own length, token by token.
+    "phi3": serving_checks.greedy_by_cached_steps,
 }
 
 

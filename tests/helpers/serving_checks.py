@@ -31,30 +31,51 @@ def serving_prompts():
 # prompts, and each batch of expectations costs a `generate()` compile.
 _EXPECTED = weakref.WeakKeyDictionary()
 
-# The greedy reference functions by the name `reference.greedy_batch` takes.
-def generate_alone(causal_lm, token_ids, max_new_tokens, stop_token_ids):
-    """`generate()` on one prompt, never batched with others: the reference
-    for models whose batched `generate()` rows depend on each other (see
-    `expected_batch`)."""
-    return reference.greedy_continuation(
-        causal_lm, token_ids, max_new_tokens, stop_token_ids
+def greedy_by_cached_steps(causal_lm, token_ids, max_new_tokens, stop_token_ids):
+    """Greedy new ids from Keras' own cached decoding, step by step.
+
+    The prompt is prefilled at its own length (`call_with_cache` over exactly
+    the prompt), then one token per call, as vLLM runs a sequence. The
+    reference for layers whose math depends on the length a call covers:
+    Phi-3's "su" RoPE picks its long or short factors by `start_index +
+    length`, and `generate()` prefills the prompt padded to `max_length`, so
+    a prompt at or below the pretraining length whose padded length exceeds
+    it gets long-factor keys there (and rows of a batch depend on each
+    other). Step by step, each token's factors follow its own sequence
+    length, which is what the paged layer serves.
+    """
+    from keras import ops
+
+    ids = [int(i) for i in token_ids]
+    length = len(ids) + max_new_tokens
+    # `_build_cache` sizes the cache from its input; the seeded values past
+    # the prompt are never read (causal masks) and are overwritten as
+    # tokens are fed.
+    _, cache = causal_lm._build_cache(ops.zeros((1, length), dtype="int32"))
+    logits, _, cache = causal_lm.call_with_cache(
+        ops.convert_to_tensor([ids], dtype="int32"), cache, 0
     )
+    new = []
+    index = len(ids)
+    while len(new) < max_new_tokens:
+        token = int(ops.convert_to_numpy(ops.argmax(logits[0, -1])))
+        new.append(token)
+        if token in (stop_token_ids or ()) or index >= length:
+            break
+        logits, _, cache = causal_lm.call_with_cache(
+            ops.convert_to_tensor([[token]], dtype="int32"), cache, index
+        )
+        index += 1
+    return new
 
 
+# The greedy reference functions by the name `reference.greedy_batch` takes
+# (None: computed here, one prompt at a time).
 _NAMES = {
     reference.greedy_continuation: "generate",
     reference.greedy_by_forward_pass: "forward_pass",
-    generate_alone: "generate",
+    greedy_by_cached_steps: None,
 }
-# References computed one prompt per `generate()` call. KerasHub's batched
-# `generate()` decodes every row from the shortest prompt's length on, and
-# recomputes a longer prompt's keys at those positions in one-token calls;
-# a layer whose math depends on the call's `start_index + length` (Phi-3's
-# "su" RoPE picks its long or short factors so) then gives a long prompt
-# short-factor keys when it shares a batch with a short one. Alone, as a
-# user calls `generate(prompt)`, it keeps its long factors (and vLLM, which
-# decides per sequence, serves that).
-_ALONE = {generate_alone}
 
 
 def expected_batch(greedy, causal_lm, prompt_ids, new_tokens, stops=()):
@@ -70,25 +91,21 @@ def expected_batch(greedy, causal_lm, prompt_ids, new_tokens, stops=()):
     # module's tokens).
     memo = _EXPECTED.setdefault(causal_lm, {})
     name = _NAMES[greedy]
-    alone = greedy in _ALONE
 
     def key(ids):
-        return (name, alone, tuple(ids), new_tokens, tuple(stops))
+        return (greedy.__name__, tuple(ids), new_tokens, tuple(stops))
 
     missing = list(dict.fromkeys(tuple(ids) for ids in prompt_ids))
     missing = [ids for ids in missing if key(ids) not in memo]
-    if missing:
-        batches = [[ids] for ids in missing] if alone else [missing]
-        rows = [
-            row
-            for batch in batches
-            for row in reference.greedy_batch(
-                causal_lm, [list(ids) for ids in batch], new_tokens,
-                list(stops), name=name,
-            )
-        ]
-        for ids, row in zip(missing, rows):
-            memo[key(ids)] = list(row)
+    if name is None:
+        rows = [greedy(causal_lm, ids, new_tokens, list(stops)) for ids in missing]
+    else:
+        rows = reference.greedy_batch(
+            causal_lm, [list(ids) for ids in missing], new_tokens,
+            list(stops), name=name,
+        )
+    for ids, row in zip(missing, rows):
+        memo[key(ids)] = list(row)
     return [memo[key(ids)] for ids in prompt_ids]
 
 

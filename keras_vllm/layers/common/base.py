@@ -70,6 +70,18 @@ class PagedAttention:
     def kv_cache_spec(self):
         raise NotImplementedError
 
+    def prefix_cacheable(self):
+        """Whether the keys and values this layer writes for a token depend
+        only on the tokens up to it, as vLLM's prefix caching assumes when it
+        reuses another request's cached blocks.
+
+        False for layers whose math also depends on how long the sequence
+        was at the step that wrote the token (Phi-3's "su" RoPE): the
+        engine then serves with prefix caching off. Called like
+        `kv_cache_spec`, on the KerasHub layer before it is swapped.
+        """
+        return True
+
     def serving_positions(self):
         """vLLM's token positions as a `[T, 1]` int32 tensor.
 

@@ -66,9 +66,16 @@ def refusal(path, argv=()):
             # A delta's preset (or an adapter's base) that is not here, or a
             # tensor-parallel size the heads cannot split over, would fail in
             # the engine process, after vLLM's start, in a traceback.
-            preflight.check(path, preflight.overrides_from_argv(argv))
+            plan = preflight.check(path, preflight.overrides_from_argv(argv))
         except KerasVllmError as e:
             return f"keras-vllm: {type(e).__name__}: {e}"
+        if plan.engine_kwargs.get("enable_prefix_caching") is False and (
+            "--no-enable-prefix-caching" not in argv
+        ):
+            # vLLM's own default would turn it on.
+            return "keras-vllm: ServingError: " + fmt.no_prefix_caching_message(
+                path
+            )
         return None
     registered = str(config.get("registered_name", ""))
     if os.path.isfile(os.path.join(path, "metadata.json")) and (

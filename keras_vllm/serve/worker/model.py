@@ -15,11 +15,14 @@ from flax import nnx
 from keras import ops
 
 from keras_vllm import envs
+from keras_vllm import format as fmt
 from keras_vllm import progress
+from keras_vllm.errors import ServingError
 from keras_vllm.export.capabilities import backbone_input_names
 from keras_vllm.layers.common.base import cache_of_layer
 from keras_vllm.layers.common.context import ServingContext
 from keras_vllm.layers.common.context import serving_context
+from keras_vllm.layers.swap import prefix_cacheable
 from keras_vllm.layers.swap import swap_in_paged_layers
 from keras_vllm.load.keras_loader import build_backbone
 from keras_vllm.load.opening import open_verified
@@ -75,6 +78,11 @@ class KerasVllmForCausalLM(nnx.Module):
             )
             # A model with encoders (a vision tower) serves its text decoder.
             backbone = served_backbone(backbone, manifest)
+        if self.vllm_config.cache_config.enable_prefix_caching and not (
+            prefix_cacheable(backbone)
+        ):
+            # An artifact older than format 1.8 says nothing about it.
+            raise ServingError(fmt.no_prefix_caching_message(self._model_path))
         attention = swap_in_paged_layers(backbone)
         self.attention_layers = len(attention)
         # Which cache each layer uses when vLLM passes no map (layers that
