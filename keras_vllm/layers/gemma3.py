@@ -18,10 +18,12 @@ are stored in the artifact for the image path (`modalities.image`).
 
 from keras_hub.src.models.gemma3.gemma3_attention import CachedGemma3Attention
 from keras_hub.src.models.gemma3.gemma3_backbone import Gemma3Backbone
+from keras import ops
 
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.layers.common.gemma_attention import GemmaPagedAttention
 from keras_vllm.layers.common.image_inputs import register_image_inputs
+from keras_vllm.layers.common.image_inputs import register_image_model
 from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 from keras_vllm.layers.common.registry import register_text_decoder
@@ -128,3 +130,33 @@ def _plain(value):
     if isinstance(value, (list, tuple)):
         return [float(v) for v in value]
     return float(value)
+
+
+@register_image_model(Gemma3Backbone)
+class Gemma3Images:
+    """Gemma 3's backbone graph, split where images enter it.
+
+    `Gemma3Backbone` scales text embeddings by `sqrt(hidden_dim)`, then
+    scatters the vision encoder's rows (unscaled) into the placeholders'
+    places (`Gemma3InterleaveEmbeddings`) and runs the decoder blocks with
+    the placeholders' `vision_mask` (which makes each image's run of
+    placeholders attend to itself in both directions).
+    """
+
+    @staticmethod
+    def embed_images(backbone, pixels):
+        # The encoder takes `(batch, images, H, W, 3)` and returns one
+        # `(tokens, hidden)` block per image.
+        return backbone.vision_encoder(ops.expand_dims(pixels, 0))
+
+    @staticmethod
+    def embed_tokens(backbone, token_ids):
+        x = backbone.token_embedding(token_ids)
+        return x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
+
+    @staticmethod
+    def decode(backbone, embeddings, padding_mask, vision_mask):
+        x = embeddings
+        for layer in backbone.transformer_layers:
+            x = layer(x, padding_mask=padding_mask, vision_mask=vision_mask)
+        return backbone.layer_norm(x)
