@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 pytest.importorskip("tpu_inference")
+pytestmark = pytest.mark.serving
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
