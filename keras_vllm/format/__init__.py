@@ -54,4 +54,5 @@ from keras_vllm.format.opened import open_artifact
 from keras_vllm.format.serving import no_prefix_caching_message
 from keras_vllm.format.serving import prefix_caching
 from keras_vllm.format.serving import served_modalities
+from keras_vllm.format.image_settings import image_settings
 from keras_vllm.format.serving import unserved_inputs

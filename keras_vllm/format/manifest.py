@@ -23,6 +23,7 @@ from keras_vllm.format.files import read_json
 from keras_vllm.format import adapter
 from keras_vllm.format import quantization
 from keras_vllm.format import file_table
+from keras_vllm.format import image_settings
 from keras_vllm.format.checks import field as _field
 from keras_vllm.format.checks import invalid_unless as _expect
 from keras_vllm.format.checks import is_sha256
@@ -69,7 +70,8 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
                  max_sequence_length, sampler_in_vllm, unservable_reason,
                  parameter_count, weights, sections, files,
                  golden_reference="generate", quantization=None,
-                 adapter=None, unserved_inputs=(), prefix_caching=True):
+                 adapter=None, unserved_inputs=(), prefix_caching=True,
+                 image=None):
     """Assembles a manifest of this format version (see docs/FORMAT.md).
 
     Args:
@@ -96,6 +98,8 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
         prefix_caching: whether vLLM may reuse cached KV blocks across
             requests (False when a paged layer's keys depend on the
             sequence's length: `PagedAttention.prefix_cacheable`).
+        image: how the model takes images (`modalities.image`,
+            `keras_vllm.format.image_settings`), or None.
 
     Returns:
         The validated manifest dict.
@@ -123,6 +127,8 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
         "prefix_caching": bool(prefix_caching),
         "files": files,
     }
+    if image is not None:
+        manifest["modalities"]["image"] = image
     if quantization is not None:
         manifest["quantization"] = quantization
     if adapter is not None:
@@ -330,6 +336,7 @@ def _validate_modalities(manifest):
         and all(isinstance(n, str) and 0 < len(n) < 200 for n in unserved),
         "'modalities.unserved_inputs' must be a short list of input names.",
     )
+    image_settings.validate(modalities, manifest["format_version"])
 
 
 def read_manifest(directory, sha256=None):

@@ -8,7 +8,11 @@ flow, so it traces once and runs inside a jitted step function.
 
 Semantics follow tpu-inference 0.32.0's RPA v3 kernels (verified against
 their source): a query at absolute position `q` sees key `k` iff
-`k < kv_len`, `k <= q` (causal) and `q - k < sliding_window`. Logits are
+`k < kv_len`, `k <= q` (causal) and `q - k < sliding_window`. With
+`attend_until` (no RPA counterpart) a query sees keys up to its token's
+`attend_until` instead of `q`: the image placeholders of a vision-language
+model that attend to their whole image (Gemma 3), where the window is
+then `|q - k| < sliding_window` as KerasHub's symmetric band. Logits are
 
     s = sm_scale * k_scale * q_scale * (q . k)
     s = soft_cap * tanh(s / soft_cap)          (if soft_cap)
@@ -73,6 +77,7 @@ def ragged_paged_attention(
     k_scale=None,
     v_scale=None,
     use_causal_mask=True,
+    attend_until=None,
     update_kv_cache=True,
     out_dtype=None,
     q_block=_Q_BLOCK,
@@ -109,6 +114,11 @@ def ragged_paged_attention(
         k_scale: quantization scale of the keys.
         v_scale: quantization scale of the values.
         use_causal_mask: if False, every query sees all `kv_len` keys.
+        attend_until: optional `int32[T]`: the last key position each
+            token's query sees, for tokens that see past their own position
+            (the rest hold their position, or less: the causal limit
+            stays). Only with `use_causal_mask`; the keys must be written in
+            this step or before.
         update_kv_cache: if False, the new keys/values are not written and
             attention reads the cache only (tpu-inference's "KV share").
         out_dtype: output dtype; defaults to the queries' dtype.
@@ -190,11 +200,14 @@ def ragged_paged_attention(
         bias=bias,
         use_causal_mask=use_causal_mask,
         sliding_window=sliding_window,
+        symmetric_window=attend_until is not None,
         kv_iota=jnp.arange(kv_block_pages * page_size, dtype=jnp.int32),
     )
     # Room for a full block past the last token, so block reads/writes at
     # the end never clamp (dynamic_slice would shift them onto earlier rows).
     pad = max(q_block, single_query_block)
+    if attend_until is not None:
+        attend_until = jnp.pad(attend_until.astype(jnp.int32), (0, pad))
     q = _prepare_queries(queries, q_scale, kv_cache.dtype, num_kv_heads, pad)
     q_iota = jnp.arange(q_block, dtype=jnp.int32)
     single_iota = jnp.arange(single_query_block, dtype=jnp.int32)
@@ -206,6 +219,7 @@ def ragged_paged_attention(
         sink=sink,
         use_causal_mask=use_causal_mask,
         sliding_window=sliding_window,
+        attend_until=attend_until,
     )
 
     def seq_step(seq_idx, out):
@@ -253,7 +267,7 @@ def _prepare_queries(queries, q_scale, cache_dtype, num_kv_heads, pad):
 
 def _q_block_step(q_blk_idx, out, *, seq_idx, q_start, q_end, kv_len, q,
                   kv_step, kv_block, sink, use_causal_mask, sliding_window,
-                  q_iota):
+                  attend_until, q_iota):
     """Attends one block of `len(q_iota)` queries of a sequence into `out`."""
     num_kv_heads, group, head_dim = q.shape[1:]
     size = q_iota.shape[0]
@@ -262,9 +276,16 @@ def _q_block_step(q_blk_idx, out, *, seq_idx, q_start, q_end, kv_len, q,
     rows = row0 + q_iota
     q_ok = rows < q_end
     q_pos = kv_len - (q_end - q_start) + (rows - q_start)
+    q_limit = q_pos
+    if attend_until is not None:
+        q_limit = jnp.maximum(
+            q_pos, lax.dynamic_slice_in_dim(attend_until, row0, size)
+        )
     # Only KV blocks that some query of this block can see.
     last_q = jnp.minimum(row0 + size, q_end) - 1
     last_pos = kv_len - (q_end - q_start) + (last_q - q_start)
+    if attend_until is not None:
+        last_pos = jnp.max(jnp.where(q_ok, q_limit, 0))
     kv_hi = jnp.minimum(kv_len, last_pos + 1) if use_causal_mask else kv_len
     kv_lo = 0
     if sliding_window is not None:
@@ -281,17 +302,19 @@ def _q_block_step(q_blk_idx, out, *, seq_idx, q_start, q_end, kv_len, q,
     _, l, acc = lax.fori_loop(
         kv_lo // kv_block, (kv_hi + kv_block - 1) // kv_block,
         functools.partial(kv_step, seq_idx=seq_idx, q_blk=q_blk,
-                          q_pos=q_pos, q_ok=q_ok, kv_len=kv_len), init)
+                          q_pos=q_pos, q_limit=q_limit, q_ok=q_ok,
+                          kv_len=kv_len), init)
     o = acc / jnp.where(l > 0, l, 1.0)[..., None]
     old = lax.dynamic_slice_in_dim(out, row0, size)
     o = jnp.where(q_ok[:, None, None, None], o, old)
     return lax.dynamic_update_slice_in_dim(out, o, row0, axis=0)
 
 
-def _kv_block_step(kv_idx, carry, *, seq_idx, q_blk, q_pos, q_ok, kv_len,
-                   kv_cache, page_indices, pages_per_seq, kv_block_pages,
-                   num_kv_heads, head_dim, hd64, logit_scale, soft_cap, bias,
-                   use_causal_mask, sliding_window, kv_iota):
+def _kv_block_step(kv_idx, carry, *, seq_idx, q_blk, q_pos, q_limit, q_ok,
+                   kv_len, kv_cache, page_indices, pages_per_seq,
+                   kv_block_pages, num_kv_heads, head_dim, hd64, logit_scale,
+                   soft_cap, bias, use_causal_mask, sliding_window,
+                   symmetric_window, kv_iota):
     """One online-softmax update of a query block with one KV block."""
     m_prev, l_prev, acc = carry
     kv_block = kv_block_pages * kv_cache.shape[1]
@@ -313,9 +336,11 @@ def _kv_block_step(kv_idx, carry, *, seq_idx, q_blk, q_pos, q_ok, kv_len,
         s = s + bias * distance[:, None, None, :]
     mask = (k_pos[None, :] < kv_len) & q_ok[:, None]
     if use_causal_mask:
-        mask &= k_pos[None, :] <= q_pos[:, None]
+        mask &= k_pos[None, :] <= q_limit[:, None]
     if sliding_window is not None:
         mask &= q_pos[:, None] - k_pos[None, :] < sliding_window
+        if symmetric_window:
+            mask &= k_pos[None, :] - q_pos[:, None] < sliding_window
     mask = mask[:, None, None, :]
     s = jnp.where(mask, s, _NEG)
     m_new = jnp.maximum(m_prev, s.max(axis=-1))

@@ -11,14 +11,19 @@ parent's `_mask_sliding_window`). The final logit soft cap lives in the
 backbone's `ReversibleEmbedding`, so the backbone's own head applies it.
 The bidirectional sliding window of embedding models is not causal
 generation and is refused. A backbone with a vision encoder serves its text
-decoder (registered below): text prompts only.
+decoder (registered below): text prompts only. Its image settings (the
+preprocessor's placeholder expansion and image converter, registered below)
+are stored in the artifact for the image path (`modalities.image`).
 """
 
 from keras_hub.src.models.gemma3.gemma3_attention import CachedGemma3Attention
 from keras_hub.src.models.gemma3.gemma3_backbone import Gemma3Backbone
+from keras import ops
 
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.layers.common.gemma_attention import GemmaPagedAttention
+from keras_vllm.layers.common.image_inputs import register_image_inputs
+from keras_vllm.layers.common.image_inputs import register_image_model
 from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 from keras_vllm.layers.common.registry import register_text_decoder
@@ -76,3 +81,82 @@ def gemma3_text_decoder(config):
     if config.get("vision_encoder") is None:
         return None
     return dict(config, vision_encoder=None)
+
+
+@register_image_inputs(Gemma3Backbone)
+def gemma3_image_inputs(causal_lm):
+    """Gemma 3's image settings, read from its preprocessor.
+
+    `Gemma3CausalLMPreprocessor` replaces each `<start_of_image>` a prompt
+    holds with `"\\n\\n<start_of_image>" + "<img>" * tokens_per_image +
+    "<end_of_image>\\n\\n"` before tokenizing; the backbone's decoder
+    blocks let each contiguous run of `<img>` tokens attend to itself in
+    both directions (`_compute_image_bidirectional_attention_mask`).
+    """
+    preprocessor = causal_lm.preprocessor
+    converter = getattr(preprocessor, "image_converter", None)
+    if causal_lm.backbone.vision_encoder is None or converter is None:
+        return None
+    tokenizer = preprocessor.tokenizer
+    marker = tokenizer.start_of_image_token
+    return {
+        "converter": {
+            "image_size": [int(n) for n in converter.image_size],
+            "scale": _plain(converter.scale),
+            "offset": _plain(converter.offset),
+            "interpolation": converter.interpolation,
+            "antialias": bool(converter.antialias),
+            "crop_to_aspect_ratio": bool(converter.crop_to_aspect_ratio),
+            "pad_to_aspect_ratio": bool(converter.pad_to_aspect_ratio),
+        },
+        "encoder_image_size": int(causal_lm.backbone.image_size),
+        "tokens_per_image": int(preprocessor.num_vision_tokens_per_image),
+        "max_images_per_prompt": int(preprocessor.max_images_per_prompt),
+        "marker": marker,
+        "expansion": {
+            "before": f"\n\n{marker}",
+            "placeholder": tokenizer.image_placeholder,
+            "after": f"{tokenizer.end_of_image_token}\n\n",
+        },
+        "placeholder_token_id": int(tokenizer.image_placeholder_id),
+        "attention": "bidirectional_within_image",
+    }
+
+
+def _plain(value):
+    """A converter's scale or offset as JSON: None, a float or a list."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [float(v) for v in value]
+    return float(value)
+
+
+@register_image_model(Gemma3Backbone)
+class Gemma3Images:
+    """Gemma 3's backbone graph, split where images enter it.
+
+    `Gemma3Backbone` scales text embeddings by `sqrt(hidden_dim)`, then
+    scatters the vision encoder's rows (unscaled) into the placeholders'
+    places (`Gemma3InterleaveEmbeddings`) and runs the decoder blocks with
+    the placeholders' `vision_mask` (which makes each image's run of
+    placeholders attend to itself in both directions).
+    """
+
+    @staticmethod
+    def embed_images(backbone, pixels):
+        # The encoder takes `(batch, images, H, W, 3)` and returns one
+        # `(tokens, hidden)` block per image.
+        return backbone.vision_encoder(ops.expand_dims(pixels, 0))
+
+    @staticmethod
+    def embed_tokens(backbone, token_ids):
+        x = backbone.token_embedding(token_ids)
+        return x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
+
+    @staticmethod
+    def decode(backbone, embeddings, padding_mask, vision_mask):
+        x = embeddings
+        for layer in backbone.transformer_layers:
+            x = layer(x, padding_mask=padding_mask, vision_mask=vision_mask)
+        return backbone.layer_norm(x)

@@ -12,43 +12,10 @@ pytestmark = pytest.mark.serving
 import keras_vllm  # noqa: E402
 from helpers import serving_checks  # noqa: E402
 from helpers.trained_models import trained  # noqa: E402
+from helpers.vision_models import with_vision_encoder  # noqa: E402
 from keras_vllm import format as fmt  # noqa: E402
-from keras_vllm.hub import weights as weight_io  # noqa: E402
 
 VISION_INPUTS = ["images", "vision_indices", "vision_mask"]
-
-
-def _with_vision_encoder(text_lm):
-    """The trained tiny Gemma 3 with a (random) tiny vision encoder added:
-    its decoder weights are the trained ones. The encoder is named as in
-    keras-hub's presets (an auto-numbered name differs between two models
-    built in one process, and an update keeps the served config)."""
-    import keras_hub
-    from keras_hub.src.models.gemma3.gemma3_vision_encoder import (
-        Gemma3VisionEncoder,
-    )
-
-    config = text_lm.backbone.get_config()
-    config["vision_encoder"] = Gemma3VisionEncoder(
-        image_size=16, patch_size=4, num_heads=2, hidden_dim=16, num_layers=1,
-        intermediate_dim=32, output_dim=config["hidden_dim"], pool_size=2,
-        name="gemma3_vision_encoder",
-    )
-    config["image_size"] = 16
-    backbone = keras_hub.models.Gemma3Backbone(**config)
-    text_vars = weight_io.ordered_variables(text_lm.backbone)
-    position = 0
-    for variable in weight_io.ordered_variables(backbone):
-        source = text_vars[position] if position < len(text_vars) else None
-        if source is not None and weight_io.canonical_path(
-            source.path
-        ) == weight_io.canonical_path(variable.path):
-            variable.assign(source.value)
-            position += 1
-    assert position == len(text_vars)
-    return keras_hub.models.Gemma3CausalLM(
-        backbone=backbone, preprocessor=text_lm.preprocessor
-    )
 
 
 class _ForwardWithoutImages:
@@ -73,7 +40,7 @@ class _ForwardWithoutImages:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    model = _with_vision_encoder(trained("gemma3"))
+    model = with_vision_encoder(trained("gemma3"))
     engine = serving_checks.start_engine(
         model, tmp_path_factory.mktemp("gemma3_vision") / "artifact"
     )
@@ -124,7 +91,7 @@ def test_weights_update_from_a_new_export_of_the_vision_model(
     from vllm import SamplingParams
 
     model, engine = served
-    other = _with_vision_encoder(
+    other = with_vision_encoder(
         testing.build_tiny_causal_lm("gemma3", num_layers=6, seed=1)
     )
     path = other.export_vllm(

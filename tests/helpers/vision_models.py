@@ -1,0 +1,79 @@
+"""Tiny Gemma 3 vision-language models built from the trained text fixture.
+
+`with_vision_encoder` adds a (random) tiny `Gemma3VisionEncoder` to the
+trained tiny Gemma 3: its decoder weights are the trained ones.
+`with_image_preprocessor` gives it KerasHub's `Gemma3CausalLMPreprocessor`
+with a tiny image converter (16 x 16 pixels, 4 placeholder tokens per
+image), as the vision presets ship (896 x 896, 256 tokens).
+"""
+
+import numpy as np
+
+# The tiny encoder: 16 x 16 images in 4 x 4 patches, pooled by 2 -> 4 tokens.
+IMAGE_SIZE = 16
+TOKENS_PER_IMAGE = 4
+
+
+def with_vision_encoder(text_lm, preprocessor=None):
+    """`text_lm` (a Gemma 3 `CausalLM`) with a tiny vision encoder added.
+
+    The encoder is named as in keras-hub's presets (an auto-numbered name
+    differs between two models built in one process, and an update keeps
+    the served config).
+    """
+    import keras_hub
+    from keras_hub.src.models.gemma3.gemma3_vision_encoder import (
+        Gemma3VisionEncoder,
+    )
+    from keras_vllm.hub import weights as weight_io
+
+    config = text_lm.backbone.get_config()
+    config["vision_encoder"] = Gemma3VisionEncoder(
+        image_size=IMAGE_SIZE, patch_size=4, num_heads=2, hidden_dim=16,
+        num_layers=1, intermediate_dim=32, output_dim=config["hidden_dim"],
+        pool_size=2, name="gemma3_vision_encoder",
+    )
+    config["image_size"] = IMAGE_SIZE
+    backbone = keras_hub.models.Gemma3Backbone(**config)
+    text_vars = weight_io.ordered_variables(text_lm.backbone)
+    position = 0
+    for variable in weight_io.ordered_variables(backbone):
+        source = text_vars[position] if position < len(text_vars) else None
+        if source is not None and weight_io.canonical_path(
+            source.path
+        ) == weight_io.canonical_path(variable.path):
+            variable.assign(source.value)
+            position += 1
+    assert position == len(text_vars)
+    return keras_hub.models.Gemma3CausalLM(
+        backbone=backbone, preprocessor=preprocessor or text_lm.preprocessor
+    )
+
+
+def with_image_preprocessor(text_lm, max_images_per_prompt=2):
+    """`text_lm` with a vision encoder and KerasHub's Gemma 3 preprocessor
+    (which needs TensorFlow) taking images through a tiny image converter
+    (the presets' rescale to [-1, 1])."""
+    import keras_hub
+
+    converter = keras_hub.layers.Gemma3ImageConverter(
+        image_size=(IMAGE_SIZE, IMAGE_SIZE), scale=1 / 127.5, offset=-1.0,
+    )
+    preprocessor = keras_hub.models.Gemma3CausalLMPreprocessor(
+        tokenizer=text_lm.preprocessor.tokenizer,
+        image_converter=converter,
+        num_vision_tokens_per_image=TOKENS_PER_IMAGE,
+        max_images_per_prompt=max_images_per_prompt,
+        sequence_length=text_lm.preprocessor.sequence_length,
+    )
+    return with_vision_encoder(text_lm, preprocessor)
+
+
+def images(count, seed=0, sizes=((20, 24), (16, 16), (40, 12), (9, 30))):
+    """`count` random RGB images (uint8 values as float32), of the sizes
+    in turn: the converter resizes and crops each."""
+    rng = np.random.RandomState(seed)
+    return [
+        rng.randint(0, 256, sizes[i % len(sizes)] + (3,)).astype("float32")
+        for i in range(count)
+    ]
