@@ -37,8 +37,6 @@ VARIANTS = {family: {} for family in testing.FAMILIES} | {
     # Keras reference (generate() picks the prefill's factors by its padded
     # max_length).
     "phi3": testing.PHI3_SU_ROPE_SCALING | {"pretraining_sequence_length": 48},
-    # Qwen 3.5 (hybrid linear attention): not in `testing.FAMILIES` yet.
-    "qwen3_5": {},
 }
 
 _RUNS = {}
