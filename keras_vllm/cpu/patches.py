@@ -22,6 +22,10 @@ host fails, in this order (tpu-inference 0.32.0, jax 0.11.2):
    default async scheduling a step can read the next step's inputs (wrong
    greedy tokens in a fraction of requests). `_patch_host_to_device_copies`
    copies instead; see `disable_async_scheduling_if_cpu`.
+6. Linear-attention (Gated DeltaNet) layers call
+   `GDNLinearAttentionBackend.conv1d_gdn_kernel()`, the GDN v3 Pallas kernel;
+   `_patch_gdn_kernel` gives the pure-JAX `keras_vllm.cpu.gated_delta_rule`
+   on CPU.
 
 Every patch keeps the original behaviour for non-CPU devices: each replaced
 function checks the devices it is about to use and delegates to the original
@@ -72,6 +76,7 @@ def apply_patches():
     kv_capacity.patch_kv_capacity()
     _patch_mesh()
     _patch_attention_kernels()
+    _patch_gdn_kernel()
     _patch_compiler_options()
     _patch_host_to_device_copies()
     _patch_async_scheduling()
@@ -190,6 +195,28 @@ def _kernel_dispatcher(tpu_kernel, cpu_kernel):
     kernel.__doc__ = (f"CPU-aware `{tpu_kernel.__name__}` (keras-vllm): "
                       f"the pure-JAX kernel on CPU, the Pallas kernel on TPU.")
     return kernel
+
+
+def _patch_gdn_kernel():
+    """`GDNLinearAttentionBackend.conv1d_gdn_kernel` (tpu-inference 0.32.0,
+    layers/common/attention_backend.py) returns the Pallas GDN v3 kernel,
+    which fails on CPU like the RPA kernels (item 6 above)."""
+    from tpu_inference.layers.common.attention_backend import \
+        GDNLinearAttentionBackend
+
+    from keras_vllm.cpu import gated_delta_rule
+
+    def cpu_aware(original):
+        def conv1d_gdn_kernel(self):
+            import jax
+            if jax.default_backend() == "cpu":
+                return gated_delta_rule.conv1d_gdn
+            return original(self)
+
+        return conv1d_gdn_kernel
+
+    patching.replace(GDNLinearAttentionBackend, "conv1d_gdn_kernel",
+                     cpu_aware)
 
 
 # ---------------------------------------------------------------------------

@@ -109,9 +109,39 @@ def check_servable(backbone):
         )
 
 
+def check_no_recurrent_state(backbone):
+    """Raises `UnsupportedModelError` when a layer keeps a recurrent state.
+
+    Paged subclasses of such layers exist (`layers.common.recurrent_state`)
+    and run over vLLM's flat batch, but tpu-inference 0.32's runner creates
+    state caches (`MambaSpec`) only for vLLM's PyTorch models, never on the
+    JAX model path keras-vllm serves through, so no engine can hold their
+    state yet.
+    """
+    stateful = sorted({
+        type(layer).__name__
+        for layer in find_attention_layers(backbone)
+        if getattr(paged_class_for(layer), "_has_recurrent_state", False)
+    })
+    if stateful:
+        raise UnsupportedModelError(
+            f"{type(backbone).__name__} uses {', '.join(stateful)}, linear "
+            "attention with a per-sequence recurrent state. Missing "
+            "capability: recurrent state caches on the JAX model path "
+            "keras-vllm serves through (tpu-inference 0.32 allocates them, "
+            "as vLLM's MambaSpec, only for its PyTorch models)."
+        )
+
+
 def kv_cache_specs(backbone):
-    """Returns one `KVCacheSpec` per attention layer, in backbone order."""
+    """Returns one `KVCacheSpec` per attention layer, in backbone order.
+
+    Raises:
+        UnsupportedModelError: an attention layer has no paged subclass, or
+            a layer keeps a recurrent state (`check_no_recurrent_state`).
+    """
     check_servable(backbone)
+    check_no_recurrent_state(backbone)
     specs = []
     for layer in find_attention_layers(backbone):
         paged_cls = paged_class_for(layer)

@@ -205,6 +205,23 @@ SPECS = {
             rope_max_wavelength=1000000,
         ),
     ),
+    # Qwen 3.5 (text): 3 Gated DeltaNet linear-attention layers then one
+    # gated full-attention layer (q/k norm, 25% partial RoPE), as every 4
+    # layers of the presets; 2 key and 4 value heads on the linear layers
+    # (the presets' 1:2 ratio). Not in `FAMILIES` until served.
+    "qwen3_5": (
+        "Qwen3_5",
+        dict(
+            _GQA,
+            num_layers=4,
+            head_dim=HEAD_DIM,
+            rope_max_wavelength=1000000,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=HEAD_DIM,
+            linear_value_head_dim=HEAD_DIM,
+        ),
+    ),
     # Phi-3 (4k-context shape). Pass `**PHI3_SU_ROPE_SCALING` for "su" RoPE.
     "phi3": (
         "Phi3",

@@ -54,6 +54,11 @@ BPE_SPECIAL_TOKENS = {
     "qwen3": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     "qwen_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
     "qwen3_moe": ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    # Qwen 3.5's tokenizer also registers its vision tokens.
+    "qwen3_5": (
+        "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+        "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
+    ),
     "falcon": ("<|endoftext|>",),
     "bloom": ("<unk>", "<s>", "</s>", "<pad>"),
     "gpt_neo_x": ("<|endoftext|>",),
@@ -142,6 +147,7 @@ _TOKENIZERS = {
     "qwen3": ("Qwen3Tokenizer", "bpe", "qwen3"),
     "qwen_moe": ("QwenMoeTokenizer", "bpe", "qwen_moe"),
     "qwen3_moe": ("Qwen3MoeTokenizer", "bpe", "qwen3_moe"),
+    "qwen3_5": ("Qwen3_5Tokenizer", "bpe", "qwen3_5"),
     "phi3": ("Phi3Tokenizer", "spm", "phi3"),
     "falcon": ("FalconTokenizer", "bpe", "falcon"),
     "bloom": ("BloomTokenizer", "bpe", "bloom"),

@@ -19,6 +19,7 @@ _TINY = dict(num_layers=2, hidden_dim=64, intermediate_dim=128)
 
 _SEQ2SEQ = "encoder-decoder model .* encoder-decoder \\(cross-attention\\)"
 _ATTENTION = "uses attention layer class .*{}.* no paged subclass"
+_RECURRENT_STATE = "uses {}, linear attention with a per-sequence recurrent state"
 
 OUTCOMES = {
     "BloomCausalLM": "served",
@@ -50,8 +51,8 @@ OUTCOMES = {
     "response_mask .*Missing capability: those inputs",
     "Gemma4AssistantCausalLM": "not a standalone text generator .* "
     "speculative decoding",
-    "Qwen3_5CausalLM": _ATTENTION.format("Qwen3_5GatedDeltaNet"),
-    "Qwen3_5MoeCausalLM": _ATTENTION.format("Qwen3_5GatedDeltaNet"),
+    "Qwen3_5CausalLM": _RECURRENT_STATE.format("Qwen3_5GatedDeltaNet"),
+    "Qwen3_5MoeCausalLM": _RECURRENT_STATE.format("Qwen3_5GatedDeltaNet"),
     "BLIP2Seq2SeqLM": _SEQ2SEQ,
     "BartSeq2SeqLM": _SEQ2SEQ,
     "EdRecSeq2SeqLM": _SEQ2SEQ,
