@@ -9,10 +9,9 @@ one batch; every request's greedy tokens must equal its own Keras model's
 `generate` call, then an adapter added and one removed at run time. GPT-2:
 `vllm serve --enable-lora --lora-modules` over HTTP with a single adapter
 slot (`--max-loras 1`), so its two adapters take turns (vLLM's scheduler
-queues one), and a third loaded by `/v1/load_lora_adapter`. Gemma 4, both
-tiny shapes (query/value adapters on layers of two head sizes, K=V layers
-with no value projection, layers reading another layer's cache): one
-`generate` call each. Refusals run before vLLM starts.
+queues one), and a third loaded by `/v1/load_lora_adapter`. Gemma 4
+(query/value adapters on layers of two head sizes, K=V layers with no value
+projection, experts): one `generate` call. Refusals run before vLLM starts.
 """
 
 import os
@@ -219,11 +218,12 @@ def test_llama_adapters_and_base_in_one_call(exports):
     _serve_and_compare(exports["llama"], runtime=True, max_loras=2)
 
 
-# Gemma 4's two tiny shapes: `gemma4` has no value projection on its K=V
-# global layers (their adapters target the query only there) and wider
-# query heads on them; `gemma4_e2b`'s last layers read another layer's
-# cache (their value factors are never used, as in Keras).
-GEMMA4_SHAPES = ("gemma4", "gemma4_e2b")
+# Gemma 4: `gemma4` has no value projection on its K=V global layers (their
+# adapters target the query only there) and wider query heads on them.
+# `gemma4_e2b` (its last layers read another layer's cache and own no
+# key/value projections: query adapters only there) passed here too when
+# listed (3.5 minutes on the shared 2-core host): left out of CI for time.
+GEMMA4_SHAPES = ("gemma4",)
 
 
 @pytest.fixture(scope="module", params=GEMMA4_SHAPES)
