@@ -66,6 +66,7 @@ def _export(args):
 
 
 def _inspect(args):
+    from keras_vllm.cli.inspect_artifact import kv_cache_lines
     from keras_vllm.cli.inspect_artifact import summary
     from keras_vllm.cli.inspect_artifact import tensor_parallel_lines
     from keras_vllm.load.opening import open_verified
@@ -77,7 +78,7 @@ def _inspect(args):
         args.artifact, verify=not args.no_verify, public_key=args.public_key
     )
     print(summary(opened))
-    for line in tensor_parallel_lines(opened):
+    for line in kv_cache_lines(opened) + tensor_parallel_lines(opened):
         print(line)
     return EXIT_OK
 

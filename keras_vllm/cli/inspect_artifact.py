@@ -80,6 +80,47 @@ def summary(artifact):
     return "\n".join(lines)
 
 
+def kv_cache_lines(artifact):
+    """KV cache bytes per token (one device, stored dtype) per kind of
+    attention layer, counting a cache that several layers share once (the
+    saving is printed beside the total)."""
+    from keras_vllm.serve.worker import capacity
+
+    manifest = artifact.manifest
+    if not manifest.get("servable", True):
+        return []
+    config = artifact.read_json(fmt.CONFIG_FILE)
+    if int(config["num_hidden_layers"]) > _MAX_TABLE_LAYERS:
+        return []
+    rows = capacity.kv_by_kind(config, manifest["dtype"])
+    lines = [
+        "KV cache        kind                layers  caches  "
+        "KV heads x head size  per token"
+    ]
+    for row in rows:
+        shape = f"{row['kv_heads']} x {row['head_dim']}"
+        if row["laid_out"] != row["head_dim"]:
+            shape += f" (as {row['laid_out']})"
+        lines.append(
+            f"                {row['kind']:<18}  {row['layers']:>6}  "
+            f"{row['caches']:>6}  {shape:<20}  {_size(row['bytes']):>9}"
+        )
+    total = sum(row["bytes"] for row in rows)
+    unshared = sum(row["unshared_bytes"] for row in rows)
+    line = (
+        f"                {'all':<18}  "
+        f"{sum(row['layers'] for row in rows):>6}  "
+        f"{sum(row['caches'] for row in rows):>6}  {'':<20}  {_size(total):>9}"
+    )
+    if unshared != total:
+        line += (
+            f" (shared caches save {_size(unshared - total)}: "
+            f"{_size(unshared)} with one cache per layer)"
+        )
+    lines.append(line)
+    return lines
+
+
 # Real models have at most a few hundred layers.
 _MAX_TABLE_LAYERS = 512
 

@@ -143,11 +143,16 @@ def text_decoder_problems(causal_lm):
         if not isinstance(getattr(backbone, attr, None), int)
     ]
     if missing:
+        # A family that registered its missing pieces is named by them;
+        # otherwise the usual kinds of such models are listed.
+        kinds = "" if swap.missing_capabilities(backbone) else (
+            " (a recurrent state model, an encoder-decoder or an "
+            "image-conditioned model)"
+        )
         return [
             f"{name} cannot be served: its {_class_name(backbone)} has no "
             f"{' / '.join(missing)}, so it is not a single token-embedding "
-            "text decoder (a recurrent state model, an encoder-decoder or "
-            "an image-conditioned model). Missing capability: "
+            f"text decoder{kinds}. Missing capability: "
             + _missing_capability(backbone)
             + "."
         ]
@@ -222,7 +227,14 @@ def _call_parameters(layer):
 
 
 def _missing_capability(backbone):
-    """What keras-vllm would need, read from the backbone's structure."""
+    """What keras-vllm would need: what the backbone's family registered
+    (`registry.register_missing_capabilities`), else read from the
+    backbone's structure."""
+    from keras_vllm.layers import swap
+
+    registered = swap.missing_capabilities(backbone)
+    if registered:
+        return "; ".join(registered)
     extra = extra_inputs(backbone)
     if extra:
         return (

@@ -262,3 +262,9 @@ def golden_reference(backbone):
         if paged_class_for(layer) is not None
     }
     return "forward_pass" if "forward_pass" in references else "generate"
+
+
+def missing_capabilities(backbone):
+    """What the backbone's family says its decoder needs that keras-vllm
+    lacks (`registry.register_missing_capabilities`), or None."""
+    return registry.missing_capabilities(backbone)

@@ -148,6 +148,39 @@ def test_inspect_summarizes(exported, preset):
     assert "refused: attention heads do not split over 8" in rows[3]
 
 
+def test_inspect_counts_shared_kv_caches_once(tmp_path):
+    """The KV cache table of the E2B-like Gemma 4 (layers sliding, sliding,
+    full, twice; the last 2 read the caches of layers 3 and 2): 2 KV heads
+    everywhere, head size 16 on sliding layers and 160 on full ones, laid
+    out 128 and 256 wide. float32 keys and values per token: a sliding
+    cache 2 * 2 * 128 * 4 = 2 KiB, a full one 4 KiB."""
+    from keras_vllm import format as fmt
+    from keras_vllm.serve.worker import capacity
+
+    path = trained("gemma4_e2b").export_vllm(
+        tmp_path / "gemma4_e2b", golden_prompts=[]
+    )
+    result = _run("inspect", "--no-verify", path)
+    assert result.returncode == 0, result.stderr
+    table = result.stdout.split("KV cache ", 1)[1].split("per device")[0]
+    rows = [line.split() for line in table.splitlines()[1:] if line.strip()]
+    assert rows == [
+        ["sliding_attention", "4", "3", "2", "x", "16", "(as", "128)",
+         "6.0", "KiB"],
+        ["full_attention", "2", "1", "2", "x", "160", "(as", "256)",
+         "4.0", "KiB"],
+        ["all", "6", "4", "10.0", "KiB", "(shared", "caches", "save", "6.0",
+         "KiB:", "16.0", "KiB", "with", "one", "cache", "per", "layer)"],
+    ]
+    # The total is the TP=1 row of the per-device table.
+    opened = fmt.open_artifact(path, verify=False)
+    manifest, config = opened.manifest, opened.read_json(fmt.CONFIG_FILE)
+    (_, _, kv_bytes), = capacity.per_device(
+        capacity.abstract_backbone(manifest), config, "float32", (1,)
+    )
+    assert kv_bytes == 10 * 1024
+
+
 def test_verify_passes_then_detects_corruption(exported, tmp_path):
     result = _run("verify", "-q", exported)
     assert result.returncode == 0, result.stderr

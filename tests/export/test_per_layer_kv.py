@@ -159,3 +159,23 @@ def test_context_routes_shared_layers_and_counts_writes():
     twice.write_cache(1, "y")
     with pytest.raises(RuntimeError, match="written exactly once"):
         twice.check_all_used_once()
+
+
+def test_kv_bytes_per_kind_count_shared_caches_once():
+    """`keras-vllm inspect`'s KV table: per kind, the layers, the caches
+    they allocate and the bytes per token of those caches (float32, head
+    sizes laid out 128 wide), beside what one cache per layer would take."""
+    specs = [LOCAL, GLOBAL, LOCAL, GLOBAL, _shared(LOCAL), _shared(GLOBAL)]
+    rows = capacity.kv_by_kind(layout_fields(specs), "float32")
+    local, full = 2 * 2 * 128 * 4, 2 * 1 * 128 * 4  # keys and values
+    assert [(r["kind"], r["layers"], r["caches"], r["kv_heads"],
+             r["head_dim"], r["laid_out"], r["bytes"], r["unshared_bytes"])
+            for r in rows] == [
+        ("sliding_attention", 3, 2, 2, 16, 128, 2 * local, 3 * local),
+        ("full_attention", 3, 2, 1, 32, 128, 2 * full, 3 * full),
+    ]
+    uniform = capacity.kv_by_kind(
+        layout_fields([KVCacheSpec(4, 2, 64)] * 2), "bfloat16"
+    )
+    assert [(r["kind"], r["caches"], r["laid_out"], r["bytes"])
+            for r in uniform] == [("full_attention", 2, 64, 2 * 2 * 2 * 64 * 2)]

@@ -46,7 +46,13 @@ OUTCOMES = {
     "PARSeqCausalLM": "PARSeqBackbone has no hidden_dim.*"
     "Missing capability: inputs images",
     "RWKV7CausalLM": "RWKV7Backbone has no hidden_dim.*recurrent state",
-    "Gemma3nCausalLM": "Gemma3nBackbone has no hidden_dim / vocabulary_size",
+    "Gemma3nCausalLM": "Gemma3nCausalLM cannot be served: its "
+    "Gemma3nBackbone has no hidden_dim / vocabulary_size, so it is not a "
+    "single token-embedding text decoder. Missing capability: a decoder "
+    "nested in the backbone .*; AltUp \\(2 hidden-state streams per "
+    "layer\\); Laurel residual blocks \\(rank 4\\); per-layer inputs "
+    "\\(8 per layer.*; a paged Gemma3nTextAttention \\(KV shared by its "
+    "last 2 layers\\)",
     "PaliGemmaCausalLM": "PaliGemmaBackbone takes inputs images, "
     "response_mask .*Missing capability: those inputs",
     "Gemma4AssistantCausalLM": "not a standalone text generator .* "

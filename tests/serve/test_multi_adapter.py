@@ -9,8 +9,9 @@ one batch; every request's greedy tokens must equal its own Keras model's
 `generate` call, then an adapter added and one removed at run time. GPT-2:
 `vllm serve --enable-lora --lora-modules` over HTTP with a single adapter
 slot (`--max-loras 1`), so its two adapters take turns (vLLM's scheduler
-queues one), and a third loaded by `/v1/load_lora_adapter`. Refusals run
-before vLLM starts.
+queues one), and a third loaded by `/v1/load_lora_adapter`. Gemma 4
+(query/value adapters on layers of two head sizes, K=V layers with no value
+projection, experts): one `generate` call. Refusals run before vLLM starts.
 """
 
 import os
@@ -45,6 +46,9 @@ PROMPTS = testing.prompts()[:3]
 # Each prompt under each adapter and the base, interleaved in one call.
 ADAPTERS = ["support", None, "legal"] * 2 + ["legal", "support", None]
 FAMILIES = ("llama", "gpt2")
+# The E2B-like Gemma 4's two adapters greedy-decode the prompts alike
+# after 8 steps; after 16 they differ (measured).
+LORA_STEPS = {"gemma4_e2b": 16}
 
 
 def _export_family(root, family):
@@ -55,7 +59,9 @@ def _export_family(root, family):
     paths = {}
     for name, texts in TEXTS.items():
         # Shared with test_lora_adapters.py (one fine-tune per session).
-        models[name] = lora_fine_tune(family, texts, rank=RANK)
+        models[name] = lora_fine_tune(
+            family, texts, rank=RANK, steps=LORA_STEPS.get(family, 8)
+        )
         paths[name] = models[name].export_vllm(
             root / f"{family}_{name}", base=base, **ONE_GOLDEN
         )
@@ -210,6 +216,27 @@ def _chat_routes_adapters(engine, params):
 def test_llama_adapters_and_base_in_one_call(exports):
     pytest.importorskip("tpu_inference")
     _serve_and_compare(exports["llama"], runtime=True, max_loras=2)
+
+
+# Gemma 4: `gemma4` has no value projection on its K=V global layers (their
+# adapters target the query only there) and wider query heads on them.
+# `gemma4_e2b` (its last layers read another layer's cache and own no
+# key/value projections: query adapters only there) passed here too when
+# listed (3.5 minutes on the shared 2-core host): left out of CI for time.
+GEMMA4_SHAPES = ("gemma4",)
+
+
+@pytest.fixture(scope="module", params=GEMMA4_SHAPES)
+def gemma4_exports(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    return _export_family(root, request.param)
+
+
+def test_gemma4_adapters_and_base_in_one_call(gemma4_exports):
+    pytest.importorskip("tpu_inference")
+    expected = gemma4_exports["expected"]
+    assert expected["support"] != expected["legal"]
+    _serve_and_compare(gemma4_exports, max_loras=2)
 
 
 def _complete(url, model, ids):

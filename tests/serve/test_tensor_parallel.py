@@ -42,6 +42,11 @@ CASES = [(family, tp) for tp in (2, 4) for family in MECHANISMS]
 # shards them over the heads axis), routed experts with biases split over
 # the experts, a sliding window on one layer.
 CASES.append(("gpt_oss", 2))
+# Gemma 4 at TP=2, both tiny shapes: `gemma4` (mixed head sizes, one K=V
+# global KV head repeated over the devices, dense FFN and routed experts in
+# parallel) and `gemma4_e2b` (per-layer embeddings, layers reading another
+# layer's cache, double-wide MLP, final soft cap).
+CASES += [("gemma4", 2), ("gemma4_e2b", 2)]
 
 
 @pytest.fixture(
@@ -64,9 +69,18 @@ def test_greedy_matches_generate(served):
     serving_checks.check_greedy_matches_generate(engine, model)
 
 
+# Measured on gemma4_e2b: one position of the 63-token prompt (its 61st
+# token) is the most sensitive to summation order on one device too: 6.9e-5
+# at TP=1, 1.2e-4 at TP=2 (the same token), while the median position is
+# 1.2e-7 off at TP=2 and the next largest 2.3e-5. A wrong split moves every
+# position, which the median bound catches.
+LOGPROB_BOUNDS = {"gemma4_e2b": {"atol": 2e-4, "median_atol": 1e-6}}
+
+
 def test_prompt_logprobs_match_forward_pass(served):
-    _, _, model, engine = served
-    serving_checks.check_prompt_logprobs(engine, model, atol=1e-4)
+    family, _, model, engine = served
+    bounds = LOGPROB_BOUNDS.get(family, {"atol": 1e-4})
+    serving_checks.check_prompt_logprobs(engine, model, **bounds)
 
 
 def _devices_along(spec, mesh_size):

@@ -19,12 +19,15 @@ Three kinds of layers are registered:
 A family may also register, for a backbone class that can carry encoders
 (a vision tower), how to build its text decoder alone
 (`@register_text_decoder`): such a model is exported whole and served on
-text prompts through that decoder.
+text prompts through that decoder. And a family keras-vllm does not serve
+yet may say what its decoder needs that keras-vllm lacks
+(`@register_missing_capabilities`), so its refusal names those pieces.
 """
 
 _PAGED_CLASSES = {}
 _TEXT_DECODERS = {}
 _RAW_KERNEL_READERS = {}
+_MISSING_CAPABILITIES = {}
 
 
 def register_paged(base_cls):
@@ -156,3 +159,37 @@ def register_raw_kernel_readers(parent_cls, layer_names):
 def raw_kernel_readers():
     """`{parent class: sublayer attribute names}` registered so far."""
     return dict(_RAW_KERNEL_READERS)
+
+
+def register_missing_capabilities(backbone_cls):
+    """Function decorator: what a backbone's decoder needs that keras-vllm
+    does not have, for its export refusal.
+
+    The decorated function takes the backbone and returns a list of short
+    descriptions (read from the instance: sizes, counts), each a mechanism
+    the served model would need.
+
+    Args:
+        backbone_cls: the KerasHub backbone class (exact class match).
+
+    Example:
+
+    ```python
+    @register_missing_capabilities(RecurrentBackbone)
+    def recurrent_missing(backbone):
+        return [f"recurrent state caches ({backbone.num_layers} layers)"]
+    ```
+    """
+
+    def decorator(fn):
+        _MISSING_CAPABILITIES[backbone_cls] = fn
+        return fn
+
+    return decorator
+
+
+def missing_capabilities(backbone):
+    """What the backbone's family registered as missing (None when it
+    registered nothing)."""
+    fn = _MISSING_CAPABILITIES.get(type(backbone))
+    return None if fn is None else list(fn(backbone))

@@ -64,6 +64,68 @@ def cache_shapes(config):
     ]
 
 
+def _kinds(config):
+    """Each layer's kind (`layer_types`, full attention when absent)."""
+    layers = int(config["num_hidden_layers"])
+    return list(config.get("layer_types") or ["full_attention"] * layers)
+
+
+def kv_by_kind(config, dtype):
+    """KV cache bytes per token on one device, per kind of layer.
+
+    A layer that reads another layer's cache (`num_kv_shared_layers`)
+    allocates none: it counts as a layer of its kind but adds no cache and
+    no bytes, so the totals are what vLLM allocates.
+
+    Args:
+        config: the artifact's `config.json`.
+        dtype: the stored dtype name (the cache's).
+
+    Returns:
+        One dict per kind, in the order the kinds first appear: `kind`,
+        `layers` (how many), `caches` (how many allocate one), `kv_heads`,
+        `head_dim` (the model's), `laid_out` (the cache's head size,
+        `padded_head_dim`), `bytes` (per token, keys and values of its
+        caches) and `unshared_bytes` (what its layers would take if each
+        had its own cache).
+
+    Example:
+
+    >>> rows = kv_by_kind(json.load(open("config.json")), "float32")
+    >>> sum(row["bytes"] for row in rows)  # the TP=1 row of per_device
+    """
+    itemsize = _itemsize(dtype)
+    kinds = _kinds(config)
+    shapes = cache_shapes(config)
+    rows = {}
+    for index, kind in enumerate(kinds):
+        if kind not in rows:
+            kv_heads, head_dim = _shape_of_kind(config, kind)
+            per_cache = 2 * kv_heads * padded_head_dim(head_dim) * itemsize
+            rows[kind] = {
+                "kind": kind, "layers": 0, "caches": 0,
+                "kv_heads": kv_heads, "head_dim": head_dim,
+                "laid_out": padded_head_dim(head_dim), "bytes": 0,
+                "unshared_bytes": 0, "_per_cache": per_cache,
+            }
+        row = rows[kind]
+        row["layers"] += 1
+        row["unshared_bytes"] += row["_per_cache"]
+        if index < len(shapes):
+            row["caches"] += 1
+            row["bytes"] += row["_per_cache"]
+    for row in rows.values():
+        del row["_per_cache"]
+    return list(rows.values())
+
+
+def _shape_of_kind(config, kind):
+    """`(num_kv_heads, head_dim)` of a layer kind's caches."""
+    only = dict(config, layer_types=[kind], num_hidden_layers=1,
+                num_kv_shared_layers=0)
+    return cache_shapes(only)[0]
+
+
 def per_device(backbone, config, dtype, sizes=TP_SIZES):
     """Rows `(tp, weight_bytes, kv_bytes_per_token)` per device, with
     `None` bytes for sizes serving refuses (`tensor_parallel.refusal`).
