@@ -88,14 +88,15 @@ def _seconds(engine, prompts, max_tokens):
     return time.perf_counter() - start
 
 
-def measure(path, vocabulary, new_tokens, mode):
+def measure(path, vocabulary, new_tokens, mode, tensor_parallel_size=1):
     """Decode step (ms) at concurrency 1 and 32 and prefill tokens/s of
     one engine, with `KERAS_VLLM_MOE_EXPERTS=mode`."""
     import keras_vllm
 
     envs.MOE_EXPERTS.set(mode)  # read by the engine process it starts
     engine = keras_vllm.KerasVllmEngine.from_export(
-        path, verbose=False, max_num_seqs=32, enable_prefix_caching=False
+        path, verbose=False, max_num_seqs=32, enable_prefix_caching=False,
+        tensor_parallel_size=tensor_parallel_size,
     )
     result = {}
     try:
@@ -143,7 +144,8 @@ def _row(name, stats):
             f"{stats['decode_c32_ms']:.1f}", f"{stats['prefill_tok_s']:.0f}"]
 
 
-def run_shape(shape, new_tokens, rounds, family="mixtral"):
+def run_shape(shape, new_tokens, rounds, family="mixtral",
+              tensor_parallel_size=1, dense_experts=True):
     moe, dense = build(shape, family)
     # Prompt ids both models' tokenizers know (GPT-OSS's BPE is larger
     # than the dense model's SentencePiece).
@@ -162,12 +164,15 @@ def run_shape(shape, new_tokens, rounds, family="mixtral"):
     engines = [("MoE, dense experts", "moe", "dense"),
                ("MoE, routed experts", "moe", "routed"),
                ("dense, same active size", "dense", "routed")]
+    if not dense_experts:
+        engines = engines[1:]
     runs = {name: [] for name, _, _ in engines}
     for index in range(rounds):
         order = engines if index % 2 == 0 else engines[::-1]
         for name, model, mode in order:
             runs[name].append(
-                measure(paths[model], vocabulary, new_tokens, mode)
+                measure(paths[model], vocabulary, new_tokens, mode,
+                        tensor_parallel_size)
             )
     return sizes, {name: _best(r) for name, r in runs.items()}
 
@@ -180,31 +185,43 @@ def main():
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--family", default="mixtral", choices=HEAD_DIMS,
                         help="the MoE model's family")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument(
+        "--no-dense-experts", action="store_true",
+        help="skip the MoE engine that computes every expert (the slowest)",
+    )
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()}")
     for text in args.shapes.split(","):
         experts, top_k = (int(n) for n in text.lower().split("x"))
-        sizes, stats = run_shape((experts, top_k), args.new_tokens,
-                                 args.rounds, args.family)
-        dense_moe = stats["MoE, dense experts"]
+        sizes, stats = run_shape(
+            (experts, top_k), args.new_tokens, args.rounds, args.family,
+            args.tensor_parallel_size, not args.no_dense_experts,
+        )
+        dense_moe = stats.get("MoE, dense experts")
         routed = stats["MoE, routed experts"]
         same = stats["dense, same active size"]
         print(f"\n{args.family}, {experts} experts, top-{top_k}: MoE "
               f"{sizes['moe']:,} "
               f"parameters, dense {sizes['dense']:,}; {args.new_tokens} new "
-              f"tokens per decode timing, best of {args.rounds} round(s); "
+              f"tokens per decode timing, best of {args.rounds} round(s), "
+              f"TP={args.tensor_parallel_size}; "
               f"load average {os.getloadavg()}")
         print("| engine | decode step c=1 (ms) | decode step c=32 (ms) | "
               "prefill (tok/s) |")
         print("|---|---|---|---|")
         for name, cells in stats.items():
             print("| " + " | ".join(_row(name, cells)) + " |")
+        if dense_moe is not None:
+            print(
+                "routed/dense decode: c=1 "
+                f"{routed['decode_c1_ms'] / dense_moe['decode_c1_ms']:.3f}, "
+                "c=32 "
+                f"{routed['decode_c32_ms'] / dense_moe['decode_c32_ms']:.3f}"
+                "; prefill routed/dense "
+                f"{routed['prefill_tok_s'] / dense_moe['prefill_tok_s']:.2f}x"
+            )
         print(
-            "routed/dense decode: c=1 "
-            f"{routed['decode_c1_ms'] / dense_moe['decode_c1_ms']:.3f}, "
-            f"c=32 {routed['decode_c32_ms'] / dense_moe['decode_c32_ms']:.3f}"
-            f"; prefill routed/dense "
-            f"{routed['prefill_tok_s'] / dense_moe['prefill_tok_s']:.2f}x; "
             "MoE routed / same-active dense decode: c=1 "
             f"{routed['decode_c1_ms'] / same['decode_c1_ms']:.2f}, c=32 "
             f"{routed['decode_c32_ms'] / same['decode_c32_ms']:.2f}"

@@ -39,8 +39,8 @@ MECHANISMS = {
 # costs 30-60 s of CI on 2 cores.
 CASES = [(family, tp) for tp in (2, 4) for family in MECHANISMS]
 # GPT-OSS at TP=2 only: attention sinks split with their heads (tpu-inference
-# shards them over the heads axis), routed experts with biases split over
-# the experts, a sliding window on one layer.
+# shards them over the heads axis), routed experts with biases split along
+# their intermediate size, a sliding window on one layer.
 CASES.append(("gpt_oss", 2))
 # Gemma 4 at TP=2, both tiny shapes: `gemma4` (mixed head sizes, one K=V
 # global KV head repeated over the devices, dense FFN and routed experts in
@@ -241,7 +241,14 @@ def test_placement_rules_by_layer_role():
     )
     axes = sharding.variable_axes(mixtral, sizes)
     experts = [path for path in axes if "experts/expert_" in path]
-    assert experts and all(axes[p] == (0, "experts") for p in experts)
+    # Along the intermediate size, like a dense MLP: `[E, hidden, I]`
+    # (gate, up) over its columns, `[E, I, hidden]` (down) over its rows;
+    # every device holds a slice of every expert.
+    assert experts
+    for path in experts:
+        variable = next(v for v in mixtral.weights if v.path == path)
+        want = 2 if variable.shape[1] == mixtral.hidden_dim else 1
+        assert axes[path] == (want, "mlp"), (path, variable.shape)
 
 
 def test_a_vocabulary_that_does_not_divide_is_refused_before_the_start():

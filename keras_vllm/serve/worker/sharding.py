@@ -15,7 +15,9 @@ family (tpu-inference's own JAX models shard the same way):
 * `ReversibleEmbedding` (token embedding and output head) over the
   vocabulary;
 * rank-3 variables of other layers (mixture-of-experts weights,
-  `[experts, in, out]`) over their experts;
+  `[experts, in, out]`) like a 2-D projection, along the intermediate
+  size (`hidden -> wider` over its columns, `-> hidden` over its rows),
+  else over their experts;
 * a quantized layer's scales and zero points (`kernel_scale`,
   `embeddings_zero`, ...) with their kernel, when the kernel is split
   along an output axis (heads of q/k/v, MLP columns, the vocabulary) and
@@ -142,6 +144,16 @@ def _rule(layer, variable, hidden_dim):
     if isinstance(layer, layers.Embedding):
         return None
     if rank == 3:
+        # `[experts, in, out]`: split like a dense MLP, along the
+        # intermediate size, so every device holds a slice of every expert
+        # and a token's routed expert is on each device (split over the
+        # experts, a dynamically indexed expert was gathered across devices
+        # each step: 28x the same-active dense step at TP=2,
+        # docs/benchmarks.md). The experts axis when neither side is the
+        # hidden size.
+        found = _projection_axis(variable.shape[1:], hidden_dim)
+        if found is not None:
+            return found[0] + 1, MLP
         return 0, EXPERTS
     return None
 
