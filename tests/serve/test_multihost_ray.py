@@ -161,27 +161,31 @@ def served(cluster, tmp_path_factory):
         patch.undo()
 
 
-def _worker_facts(worker):
-    import jax
-
-    return {
-        "process": jax.process_index(),
-        "processes": jax.process_count(),
-        "local_devices": len(jax.local_devices()),
-        "mesh_processes": sorted(
-            {d.process_index for d in worker.model_runner.mesh.devices.flat}),
-        "node": __import__("ray").get_runtime_context().get_node_id(),
-        "public_key": os.environ.get("KERAS_VLLM_PUBLIC_KEY"),
-        "probe": os.environ.get("KERAS_VLLM_MULTIHOST_PROBE"),
-        "backend": os.environ.get("KERAS_BACKEND"),
-    }
-
-
 def test_one_program_spans_both_nodes(served):
     """One worker per Ray node, each its own JAX process with one device,
     the mesh made of both; the signing key and KERAS_* reach both."""
     _, engine, public = served
-    facts = engine.llm.collective_rpc(_worker_facts)
+
+    # Defined here: cloudpickle sends a nested function by value (the
+    # workers cannot import this test module).
+    def worker_facts(worker):
+        import jax
+        import ray
+
+        return {
+            "process": jax.process_index(),
+            "processes": jax.process_count(),
+            "local_devices": len(jax.local_devices()),
+            "mesh_processes": sorted({
+                d.process_index
+                for d in worker.model_runner.mesh.devices.flat}),
+            "node": ray.get_runtime_context().get_node_id(),
+            "public_key": os.environ.get("KERAS_VLLM_PUBLIC_KEY"),
+            "probe": os.environ.get("KERAS_VLLM_MULTIHOST_PROBE"),
+            "backend": os.environ.get("KERAS_BACKEND"),
+        }
+
+    facts = engine.llm.collective_rpc(worker_facts)
     assert len(facts) == 2
     assert sorted(f["process"] for f in facts) == [0, 1]
     assert len({f["node"] for f in facts}) == 2
