@@ -15,13 +15,13 @@ Two replacements make the CPU backend join the hosts the way libtpu does,
 with JAX's distributed runtime and its default Gloo CPU collectives:
 
 - `WorkerWrapperBase.init_device`, vLLM's call of `TPUWorker.init_device`
-  (the first call that starts JAX in a worker): before the original, the worker sets its CPU device count to its node's
-  chips (`TPU_VISIBLE_CHIPS`, which the executor sets from the node's Ray
-  `TPU` resource) and joins JAX's distributed runtime as process `rank` (its
-  vLLM rank: one worker per node, driver's node first) of as many processes
-  as its placement group has bundles (one per node). Rank 0 picks a free
-  port on its host for JAX's coordinator and publishes it in the TCP store
-  the executor started on rank 0 for vLLM's own process group
+  (the first call that starts JAX in a worker): before the original, the
+  worker sets its CPU device count to the chips its Ray actor holds (the
+  node's Ray `TPU` resource) and joins JAX's distributed runtime as process
+  `rank` (its vLLM rank: one worker per node, the driver's node first) of as
+  many processes as its placement group has bundles (one per node). Rank 0
+  picks a free port on its host for JAX's coordinator and publishes it in
+  the TCP store the executor started on rank 0 for vLLM's own process group
   (`distributed_init_method`; tpu-inference's workers never use it), where
   the others read it. `jax.devices()` then lists every node's devices in
   process order, and the original takes the mesh's devices across the
@@ -37,7 +37,6 @@ not tell which process it is: it is refused on CPU, by name.
 """
 
 import logging
-import os
 
 from keras_vllm import envs
 from keras_vllm import patching
@@ -116,6 +115,16 @@ def _process_count():
     return group.bundle_count
 
 
+def _chips():
+    """The chips this worker's Ray actor holds: its share of the node's
+    `TPU` resource (all of it: one worker per node)."""
+    import ray
+    from vllm.platforms import current_platform
+
+    assigned = ray.get_runtime_context().get_assigned_resources()
+    return max(1, int(assigned.get(current_platform.ray_device_key, 1)))
+
+
 def _coordinator(rank, distributed_init_method):
     """JAX's coordinator `host:port`, chosen by rank 0 and shared through
     the executor's TCP store."""
@@ -141,9 +150,7 @@ def _join(rank, distributed_init_method):
         return  # joined already (init_device called again)
     count = _process_count()
     coordinator = _coordinator(rank, distributed_init_method)
-    chips = [c for c in os.environ.get("TPU_VISIBLE_CHIPS", "").split(",")
-             if c.strip()]
-    local = max(1, len(chips))
+    local = _chips()
     envs.XLA_FLAGS.set(cpu_devices.with_device_count(envs.XLA_FLAGS.raw(),
                                                      local))
     cpu_devices.pin_imported_jax_to_cpu()
