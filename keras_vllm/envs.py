@@ -244,6 +244,12 @@ TPU_ACCELERATOR_TYPE = Variable(
     "Set on Cloud TPU VMs and GKE TPU pods: a TPU host.",
     "cpu/detect.py",
 )
+TPU_MULTIHOST_BACKEND = Variable(
+    "TPU_MULTIHOST_BACKEND", "'ray' or empty", None,
+    "tpu-inference's: ray serves over vLLM's Ray executor across hosts; on "
+    "a CPU host keras-vllm then joins the workers into one JAX program.",
+    "cpu/patches.py (cpu/multihost.py)",
+)
 TPU_MULTIPROCESS_DP = Variable(
     "TPU_MULTIPROCESS_DP", "0 or 1", None,
     "tpu-inference's: 1 runs vLLM's data-parallel engines (one engine core "

@@ -26,6 +26,9 @@ host fails, in this order (tpu-inference 0.32.0, jax 0.11.2):
    `GDNLinearAttentionBackend.conv1d_gdn_kernel()`, the GDN v3 Pallas kernel;
    `_patch_gdn_kernel` gives the pure-JAX `keras_vllm.cpu.gated_delta_rule`
    on CPU.
+7. With `TPU_MULTIHOST_BACKEND=ray`, nothing joins the Ray workers' JAX
+   processes into one program (libtpu does it on a TPU slice):
+   `keras_vllm/cpu/multihost.py`.
 
 Every patch keeps the original behaviour for non-CPU devices: each replaced
 function checks the devices it is about to use and delegates to the original
@@ -80,6 +83,11 @@ def apply_patches():
     _patch_compiler_options()
     _patch_host_to_device_copies()
     _patch_async_scheduling()
+    if envs.TPU_MULTIHOST_BACKEND.raw() == "ray":
+        # Imported only then: the executor's module imports Ray.
+        from keras_vllm.cpu import multihost
+
+        multihost.install()
     # XLA:CPU cannot reuse donated buffers; tpu-inference donates them for
     # TPU, so every compile on CPU would warn.
     warnings.filterwarnings(
@@ -239,7 +247,12 @@ def _patch_compiler_options():
 def _cpu_empty_options(original):
 
     def options():
-        if _all_cpu():
+        # Asked at import too (tpu-inference's sampling module): JAX must
+        # not start then, since a multi-host worker joins JAX's distributed
+        # runtime later (cpu/multihost.py). Before JAX starts, the CPU host
+        # check (environment and device files only) says where it will run.
+        on_cpu = _all_cpu() if _jax_initialized() else detect.is_cpu_host()
+        if on_cpu:
             return {}
         return original()
 

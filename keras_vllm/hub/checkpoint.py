@@ -178,7 +178,10 @@ def restore_weights(directory, specs, as_numpy=True):
     import orbax.checkpoint as ocp
 
     check_stored_arrays(directory, specs)
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    # This process's own CPU device: under JAX's distributed runtime (a
+    # multi-host engine) `jax.devices()` starts with process 0's.
+    sharding = jax.sharding.SingleDeviceSharding(
+        jax.local_devices(backend="cpu")[0])
     target = {
         path: jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
         for path, (shape, dtype) in specs.items()

@@ -131,5 +131,5 @@ def _single_device_mesh():
         for name in (axes, ) if isinstance(axes, str) else axes:
             if name not in names:
                 names.append(name)
-    devices = np.array(jax.devices()[:1]).reshape((1, ) * len(names))
+    devices = np.array(jax.local_devices()[:1]).reshape((1, ) * len(names))
     return jax.sharding.Mesh(devices, tuple(names))

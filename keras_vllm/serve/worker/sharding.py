@@ -266,9 +266,28 @@ def shard_backbone(backbone, mesh):
     for _, variable in owned_variables(backbone):
         rule = axes[variable.path]
         spec = _partition_spec(len(variable.shape), rule, names)
-        value = general_device_put(variable.value, NamedSharding(mesh, spec))
+        value = variable.value
+        value = general_device_put(value, NamedSharding(mesh, spec),
+                                   source_mesh=_own_mesh(value))
         variable.assign(value)
     return axes
+
+
+def _own_mesh(value):
+    """A mesh of the devices `value` lies on.
+
+    Under the multi-host backend `general_device_put` slices the value for
+    this host's shards, and it does so inside the mesh it is given as the
+    source: without one, a value on this host's device sliced inside the
+    runner's mesh context (which spans every host) is refused by JAX
+    ("incompatible devices for jitted computation").
+    """
+    import jax
+    import numpy as np
+
+    return jax.sharding.Mesh(np.array(sorted(value.devices(),
+                                             key=lambda d: d.id)),
+                             ("source",))
 
 
 def device_bytes(backbone):

@@ -34,7 +34,7 @@ def _host_memory():
     import jax
 
     try:
-        cpu = jax.devices("cpu")[0]
+        cpu = jax.local_devices(backend="cpu")[0]
     except RuntimeError:
         return contextlib.nullcontext()
     return jax.default_device(cpu)
