@@ -22,8 +22,6 @@ from keras_vllm.export import quantized
 from keras_vllm.export import sections
 from keras_vllm.export import staging
 from keras_vllm.export.kv_layout import kv_layout
-from keras_vllm.layers import families  # noqa: F401  (registers them all)
-from keras_vllm.layers.common import image_inputs
 
 logger = logging.getLogger("keras_vllm")
 
@@ -343,7 +341,7 @@ def _export(
             adapter=adapter_section,
             unserved_inputs=capabilities.extra_inputs(backbone),
             prefix_caching=sections.prefix_caching(causal_lm, unservable),
-            image=image_inputs.image_settings(causal_lm),
+            image=sections.image_settings(causal_lm),
         )
         fmt.write_json(os.path.join(tmp, fmt.MANIFEST_FILE), manifest)
         if signer is not None:

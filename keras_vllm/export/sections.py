@@ -158,6 +158,17 @@ def prefix_caching(causal_lm, unservable):
     return prefix_cacheable(causal_lm.backbone)
 
 
+def image_settings(causal_lm):
+    """The manifest's `modalities.image` (None for a text-only model).
+
+    Imported here, when an export runs: `import keras_vllm` must not
+    import Keras or JAX (the layer registry does)."""
+    from keras_vllm.layers import families  # noqa: F401  (registers them)
+    from keras_vllm.layers.common import image_inputs
+
+    return image_inputs.image_settings(causal_lm)
+
+
 @contextlib.contextmanager
 def golden_alongside(
     causal_lm, prompts, max_new_tokens, stop_token_ids, golden_ref, as_stored
