@@ -20,6 +20,7 @@ from keras_hub.src.models.gpt_neo_x.gpt_neo_x_attention import GPTNeoXAttention
 from keras_vllm.layers.common.base import KVCacheSpec
 from keras_vllm.layers.common.base import PagedAttention
 from keras_vllm.layers.common.registry import register_paged
+from keras_vllm.layers.common.rotary_attention import rotate_partially
 
 
 @register_paged(GPTNeoXAttention)
@@ -51,15 +52,8 @@ class PagedGPTNeoXAttention(GPTNeoXAttention, PagedAttention):
         key = qkv[..., size : 2 * size]
         value = qkv[..., 2 * size :]
         rope = self.rotary_embedding_layer
-        query = ops.concatenate(
-            (rope(query[..., :rotary], positions=positions),
-             query[..., rotary:]),
-            axis=-1,
-        )
-        key = ops.concatenate(
-            (rope(key[..., :rotary], positions=positions), key[..., rotary:]),
-            axis=-1,
-        )
+        query = rotate_partially(rope, query, positions, rotary)
+        key = rotate_partially(rope, key, positions, rotary)
         out = self.paged_attend(
             query, key, value, sm_scale=self._inv_norm_factor
         )

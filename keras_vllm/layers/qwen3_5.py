@@ -38,6 +38,7 @@ from keras_vllm.layers.common.base import PagedAttention
 from keras_vllm.layers.common.recurrent_state import PagedRecurrentState
 from keras_vllm.layers.common.recurrent_state import StateSpec
 from keras_vllm.layers.common.registry import register_paged
+from keras_vllm.layers.common.rotary_attention import rotate_partially
 
 
 @register_paged(Qwen3_5Attention)
@@ -59,13 +60,8 @@ class PagedQwen3_5Attention(Qwen3_5Attention, PagedAttention):
         return False
 
     def _rotate(self, x, positions):
-        rotary = self.rotary_dim
-        rope = self.rotary_embedding_layer
-        if rotary == self.head_dim:
-            return rope(x, positions=positions)
-        return ops.concatenate(
-            (rope(x[..., :rotary], positions=positions), x[..., rotary:]),
-            axis=-1,
+        return rotate_partially(
+            self.rotary_embedding_layer, x, positions, self.rotary_dim
         )
 
     def call(

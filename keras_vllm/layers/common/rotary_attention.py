@@ -7,7 +7,27 @@ at vLLM's positions, attend with unexpanded K/V and scale
 per family, so each family's subclass lists its names in `PROJECTIONS`.
 """
 
+from keras import ops
+
 from keras_vllm.layers.common.base import PagedAttention
+
+
+def rotate_partially(rope, x, positions, rotary_dim):
+    """`rope` over the first `rotary_dim` features of each head of `x`, the
+    rest passed through (partial rotary embedding).
+
+    Args:
+        rope: a KerasHub rotary layer taking `positions=`.
+        x: `[T, 1, heads, head_dim]`.
+        positions: `[T, 1]` (`PagedAttention.serving_positions()`).
+        rotary_dim: how many leading features rotate.
+    """
+    if rotary_dim == x.shape[-1]:
+        return rope(x, positions=positions)
+    return ops.concatenate(
+        (rope(x[..., :rotary_dim], positions=positions), x[..., rotary_dim:]),
+        axis=-1,
+    )
 
 
 class RotaryPagedAttention(PagedAttention):
