@@ -112,7 +112,9 @@ def served(cluster, keys, tmp_path_factory):
         engine = keras_vllm.KerasVllmEngine.from_export(
             path, public_key=public, tensor_parallel_size=2,
             **engine_shapes.ENGINE_KWARGS)
-        _RUNNING.append(lambda: serving_checks.shutdown(engine))
+        # Stopped (and its variables gone) before the next engine starts.
+        _RUNNING.append(lambda: (serving_checks.shutdown(engine),
+                                 patch.undo()))
         yield model, engine, keys
         _free_the_cluster()
     finally:
