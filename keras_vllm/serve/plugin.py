@@ -115,9 +115,12 @@ def _keras_variables_reach_ray_workers():
     """Adds `KERAS_` to the prefixes vLLM's Ray executor copies to workers.
 
     On a multi-host slice (tpu-inference's `TPU_MULTIHOST_BACKEND=ray`) the
-    workers on other hosts see only the variables vLLM copies: its own and a
-    few prefixes. `KERAS_BACKEND`, `KERAS_NNX_ENABLED` and keras-vllm's
-    `KERAS_VLLM_*` must reach them for the model to build the same way.
+    workers on other hosts see only the variables vLLM copies. Its Ray
+    executor V2 (the default) copies the driver's whole environment where a
+    node does not set a variable itself; its older Ray executor and its
+    Ray-placed DP engines copy only vLLM's own and a few prefixes.
+    `KERAS_BACKEND`, `KERAS_NNX_ENABLED` and keras-vllm's `KERAS_VLLM_*`
+    must reach them for the model to build the same way.
     """
     from keras_vllm import envs
 

@@ -2,120 +2,79 @@
 
 The module starts a Ray cluster of two nodes on this machine (`ray start
 --head`, then `ray start --address`, each with its own temp dir and one
-`TPU` resource, as tpu-inference's multi-host recipe does on a TPU slice),
-and one engine with `TPU_MULTIHOST_BACKEND=ray` and `tensor_parallel_size=2`:
-vLLM's Ray executor (V2) puts one worker on each node, each worker is its own
-JAX process with one CPU device, and JAX's distributed runtime (Gloo CPU
-collectives) joins them into one program whose mesh spans both nodes
-(`keras_vllm/cpu/multihost.py`). The artifact is signed and served with a
-public key, which reaches both workers through the `KERAS_` variables vLLM's
-Ray executor copies. Teardown stops every process the cluster started (found
-by its temp dir, and their children), even when a test fails.
+`TPU` resource, as tpu-inference's multi-host recipe does on a TPU slice;
+`helpers/ray_cluster.py`). Its engines run with `TPU_MULTIHOST_BACKEND=ray`
+and tensor parallelism 2: vLLM's Ray executor (V2) puts one worker on each
+node, each worker is its own JAX process with one CPU device, and JAX's
+distributed runtime (Gloo CPU collectives) joins them into one program
+whose mesh spans both nodes (`keras_vllm/cpu/multihost.py`). One engine at
+a time holds the nodes:
+
+- `KerasVllmEngine.from_export` of a signed artifact served with a public
+  key, which reaches the workers through the `KERAS_` variables vLLM's Ray
+  executor copies (node 2 keeps the key path its own environment sets);
+- plain `vllm serve` of a signed delta artifact whose preset lies beside it
+  (`KERAS_VLLM_PRESET`), over HTTP;
+- the same command once node 2's own key no longer matches: node 2's worker
+  refuses the artifact and the engine does not start.
+
+Teardown stops every process the cluster started (found by its temp dir,
+and their children), even when a test fails.
 """
 
-import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
-import time
 
 import pytest
 
 pytest.importorskip("tpu_inference")
 pytest.importorskip("ray")
+requests = pytest.importorskip("requests")
 
 from cryptography.hazmat.primitives import serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 
+from helpers import engine_shapes  # noqa: E402
+from helpers import ray_cluster  # noqa: E402
 from helpers import serving_checks  # noqa: E402
+from helpers.http_server import running_server  # noqa: E402
 from helpers.trained_models import trained  # noqa: E402
+from keras_vllm import testing  # noqa: E402
+from keras_vllm.hub import reference  # noqa: E402
 
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
-# Each node: one CPU for Ray's own scheduling and one "TPU" (one chip, which
-# the CPU backend makes one JAX CPU device of); a small object store.
-NODE_ARGS = ["--num-cpus", "1", "--resources", json.dumps({"TPU": 1}),
-             "--object-store-memory", str(80 * 1024 * 1024),
-             "--disable-usage-stats"]
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+VLLM = os.path.join(os.path.dirname(sys.executable), "vllm")
+# One engine at a time holds both nodes' TPUs: how to stop the running one.
+_RUNNING = []
 
 
-def _processes_under(marker):
-    """Pids of processes whose command line names `marker`, and their
-    descendants."""
-    parents, roots = {}, set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read().replace(b"\0", b" ").decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        parents[int(entry)] = ppid
-        if marker in command:
-            roots.add(int(entry))
-    found, frontier = set(roots), set(roots)
-    while frontier:
-        frontier = {p for p, pp in parents.items() if pp in frontier} - found
-        found |= frontier
-    found.discard(os.getpid())
-    return found
-
-
-def _stop(marker):
-    """Stops every process of the cluster whose temp dir is `marker`."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = _processes_under(marker)
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + 15
-        while pids and time.time() < deadline:
-            pids = {p for p in pids if os.path.exists(f"/proc/{p}")}
-            time.sleep(0.5)
-        if not pids:
-            return
-    return pids
+def _free_the_cluster():
+    while _RUNNING:
+        _RUNNING.pop()()
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A two-node Ray cluster on this host, stopped with all its processes."""
-    # Short: Ray's socket paths live under it (Unix sockets allow ~107 bytes).
-    root = tempfile.mkdtemp(prefix="kvray", dir="/tmp")
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    env = dict(os.environ, TPU_MULTIHOST_BACKEND="ray",
-               RAY_USAGE_STATS_ENABLED="0")
+def keys(tmp_path_factory):
+    """The signing key pair, and node 2's own copy of the public key."""
+    root = tmp_path_factory.mktemp("keys")
+    private, public = _write_keys(str(root))
+    node2 = str(root / "node2.pub.pem")
+    shutil.copy(public, node2)
+    return private, public, node2
+
+
+@pytest.fixture(scope="module")
+def cluster(keys):
+    """Two Ray nodes on this host; node 2 has its own
+    `KERAS_VLLM_PUBLIC_KEY` (a host's own setting, which vLLM's Ray
+    executor V2 keeps over the driver's)."""
+    node2 = {"KERAS_VLLM_PUBLIC_KEY": keys[2]}
     try:
-        subprocess.run(
-            [RAY, "start", "--head", "--node-ip-address", "127.0.0.1",
-             "--port", str(port), "--include-dashboard", "false",
-             "--temp-dir", os.path.join(root, "head"), *NODE_ARGS],
-            env=env, check=True, capture_output=True, timeout=180)
-        subprocess.run(
-            [RAY, "start", "--address", address, "--node-ip-address",
-             "127.0.0.1", "--temp-dir", os.path.join(root, "node2"),
-             *NODE_ARGS],
-            env=env, check=True, capture_output=True, timeout=180)
-        yield address
+        with ray_cluster.running_cluster(({}, node2)) as address:
+            yield address
     finally:
-        left = _stop(root)
-        shutil.rmtree(root, ignore_errors=True)
-        assert not left, f"Ray processes still running: {sorted(left)}"
+        _free_the_cluster()
 
 
 def _write_keys(directory):
@@ -134,14 +93,12 @@ def _write_keys(directory):
 
 
 @pytest.fixture(scope="module")
-def served(cluster, tmp_path_factory):
+def served(cluster, keys, tmp_path_factory):
     import keras_vllm
-    from helpers import engine_shapes
-    from keras_vllm import testing
 
     model = trained("llama")
     root = tmp_path_factory.mktemp("multihost")
-    private, public = _write_keys(str(root))
+    private, public, _ = keys
     path = model.export_vllm(
         root / "artifact", max_sequence_length=256,
         golden_prompts=testing.prompts()[:2], signing_key=private)
@@ -155,16 +112,20 @@ def served(cluster, tmp_path_factory):
         engine = keras_vllm.KerasVllmEngine.from_export(
             path, public_key=public, tensor_parallel_size=2,
             **engine_shapes.ENGINE_KWARGS)
-        yield model, engine, public
-        serving_checks.shutdown(engine)
+        # Stopped (and its variables gone) before the next engine starts.
+        _RUNNING.append(lambda: (serving_checks.shutdown(engine),
+                                 patch.undo()))
+        yield model, engine, keys
+        _free_the_cluster()
     finally:
         patch.undo()
 
 
 def test_one_program_spans_both_nodes(served):
     """One worker per Ray node, each its own JAX process with one device,
-    the mesh made of both; the signing key and KERAS_* reach both."""
-    _, engine, public = served
+    the mesh made of both; the signing key and KERAS_* reach both (node 2
+    keeps the key path its own environment sets)."""
+    _, engine, (_, public, node2_public) = served
 
     # Defined here: cloudpickle sends a nested function by value (the
     # workers cannot import this test module).
@@ -189,11 +150,12 @@ def test_one_program_spans_both_nodes(served):
     assert len(facts) == 2
     assert sorted(f["process"] for f in facts) == [0, 1]
     assert len({f["node"] for f in facts}) == 2
+    by_process = sorted(facts, key=lambda f: f["process"])
+    assert [f["public_key"] for f in by_process] == [public, node2_public]
     for fact in facts:
         assert fact["processes"] == 2
         assert fact["local_devices"] == 1
         assert fact["mesh_processes"] == [0, 1]
-        assert fact["public_key"] == public
         assert fact["probe"] == "reaches every worker"
         assert fact["backend"] == "jax"
 
@@ -226,3 +188,107 @@ def test_prompt_logprobs_match_forward_pass(served):
 def test_golden_outputs(served):
     _, engine, _ = served
     assert engine.check_golden() == []
+
+
+# --- Plain `vllm serve` across the two nodes: a signed delta artifact with
+# its preset beside it (`KERAS_VLLM_PRESET`), then node 2 with a key that
+# does not match.
+
+
+@pytest.fixture(scope="module")
+def delta(keys, tmp_path_factory):
+    """`(tuned model, artifact, preset)`: a signed delta of a fine-tuned
+    llama on a "shared" directory, its preset moved beside it after the
+    export (so only `KERAS_VLLM_PRESET` finds it)."""
+    import keras_hub
+
+    import keras_vllm  # noqa: F401 (records the preset `from_preset` loads)
+
+    root = tmp_path_factory.mktemp("shared")
+    base = testing.save_tiny_preset(trained("llama"), root / "exported_from")
+    tuned = keras_hub.models.CausalLM.from_preset(base)
+    # One output projection changed: the delta holds only this variable.
+    layer = tuned.backbone.transformer_layers[-1]
+    kernel = layer._feedforward_output_dense.kernel
+    kernel.assign(kernel.numpy() * 1.5)
+    path = tuned.export_vllm(root / "artifact", max_sequence_length=256,
+                             golden_prompts=(), signing_key=keys[0])
+    preset = str(root / "preset")
+    os.rename(base, preset)
+    return tuned, path, preset
+
+
+@pytest.fixture(scope="module")
+def delta_server(cluster, delta, keys, tmp_path_factory):
+    """`vllm serve DELTA --tensor-parallel-size 2` across the nodes, with
+    the variables a user sets on the head: the multi-host backend, Ray's
+    address, the preset and the public key."""
+    _free_the_cluster()
+    _, path, preset = delta
+    patch = pytest.MonkeyPatch()
+    patch.setenv("TPU_MULTIHOST_BACKEND", "ray")
+    patch.setenv("RAY_ADDRESS", cluster)
+    patch.setenv("KERAS_VLLM_PRESET", preset)
+    patch.setenv("KERAS_VLLM_PUBLIC_KEY", keys[1])
+    log = tmp_path_factory.mktemp("serve_log") / "server.log"
+    server = running_server(
+        [VLLM, "serve", path, "--tensor-parallel-size", "2",
+         *engine_shapes.SERVE_ARGS], log, timeout=400)
+    try:
+        url = server.__enter__()
+        _RUNNING.append(lambda: server.__exit__(None, None, None))
+        yield url, path, log, patch
+        _free_the_cluster()
+    finally:
+        patch.undo()
+
+
+def test_vllm_serve_of_a_delta_across_nodes_equals_generate(
+        delta_server, delta):
+    url, path, log, _ = delta_server
+    tuned = delta[0]
+    prompts = testing.prompts()
+    response = requests.post(url + "/v1/completions", json={
+        "model": path, "prompt": prompts, "max_tokens": 16,
+        "temperature": 0.0, "ignore_eos": True, "return_token_ids": True,
+    }, timeout=120)
+    assert response.status_code == 200, response.text
+    ids = [reference.prompt_token_ids(tuned, t) for t in prompts]
+    wants = reference.greedy_batch(tuned, ids, 16, [])
+    for choice in response.json()["choices"]:
+        assert choice["token_ids"] == wants[choice["index"]]
+    # The changed variable matters: the preset alone answers otherwise.
+    assert reference.greedy_batch(trained("llama"), ids, 16, []) != wants
+    # One worker per node, each with the two-process mesh.
+    text = log.read_text()
+    workers = {line.split("pid=")[1].split(")")[0]
+               for line in text.splitlines()
+               if "RayWorkerProc" in line and "Init mesh" in line
+               and "'model': 2" in line}
+    assert len(workers) == 2, text[-3000:]
+
+
+def test_a_key_that_does_not_match_on_node_2_is_refused_there(
+        delta_server, keys):
+    """Node 2's own public key is not the signer's: its worker refuses the
+    artifact before reading it, and the engine does not start."""
+    _, path, _, _ = delta_server
+    _free_the_cluster()
+    _, public, node2_public = keys
+    with open(node2_public, "wb") as f:
+        other = ec.generate_private_key(ec.SECP256R1())
+        f.write(other.public_key().public_bytes(
+            serialization.Encoding.PEM,
+            serialization.PublicFormat.SubjectPublicKeyInfo))
+    run = subprocess.run(
+        [VLLM, "serve", path, "--tensor-parallel-size", "2",
+         *engine_shapes.SERVE_ARGS, "--port", str(ray_cluster.free_port())],
+        capture_output=True, text=True, timeout=400)
+    assert run.returncode != 0
+    log = run.stdout + run.stderr
+    refused = [line for line in log.splitlines()
+               if "SignatureError" in line and "does not verify" in line]
+    assert refused, log[-5000:]
+    # Node 2's worker, with node 2's key, named the artifact.
+    assert all(node2_public in line and path in line for line in refused)
+    assert public not in "".join(refused)

@@ -419,6 +419,27 @@ def test_server_policy_refuses(
         _says(str(raised.value), case)
 
 
+@pytest.mark.parametrize("name", ["weights_byte", "other_key", "added_file"])
+def test_each_worker_verifies_before_it_reads(
+    artifacts, keys, monkeypatch, manifest_never_parsed, name
+):
+    """The served model's `load_weights`, the first artifact read in each
+    vLLM worker (one per node of a multi-host engine), verifies with the
+    key of that worker's own environment before anything else."""
+    from types import SimpleNamespace
+
+    from keras_vllm.serve.worker.model import KerasVllmForCausalLM
+
+    monkeypatch.setenv(envs.PUBLIC_KEY.name, keys["ours"][1])
+    case = artifacts["cases"][name]
+    config = SimpleNamespace(
+        model_config=SimpleNamespace(model=case[0], dtype="float32")
+    )
+    with pytest.raises(keras_vllm.SignatureError) as raised:
+        KerasVllmForCausalLM(config).load_weights()
+    _says(str(raised.value), case)
+
+
 def test_server_policy_passes_the_signed_artifact(artifacts, keys, monkeypatch):
     from keras_vllm.serve.tokenizer import KerasVllmTokenizer
 
