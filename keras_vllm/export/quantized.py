@@ -17,6 +17,11 @@ from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
 
 
+def _layer_names(paths):
+    # A layer's name is the last part of its path.
+    return tuple(sorted({path.rsplit("/", 1)[-1] for path in paths}))
+
+
 def quantized_layers(backbone, dtype):
     """`{layer path: policy name}` of the backbone's quantized layers.
 
@@ -36,9 +41,10 @@ def quantized_layers(backbone, dtype):
                 f"but KerasHub's {parent} multiplies by its `{name}.kernel` "
                 "directly instead of calling it, so the quantized values are "
                 "used as raw integers and the model's output is wrong in "
-                "Keras too. Quantize the other layers only (e.g. "
-                "`layer.quantize(mode)` on the attention projections), or "
-                "export the float model."
+                "Keras too. Quantize the other layers only "
+                "(`backbone.quantize(mode, filters=lambda layer: layer.name "
+                f"not in {_layer_names(raw)})`), "
+                "or export the float model."
             )
         if getattr(layer, "lora_enabled", False):
             # Keras computes such a layer as quantized kernel + float LoRA

@@ -119,8 +119,19 @@ def test_a_quantized_ffn_keras_hub_reads_raw_is_refused_by_name(tmp_path):
     causal_lm.backbone.quantize("int8")
     with pytest.raises(
         UnsupportedModelError, match=r"(gating_ffw|ffw_linear)\.kernel. directly"
-    ):
+    ) as info:
         keras_vllm.export_vllm(
             causal_lm, tmp_path / "artifact", golden_prompts=()
         )
     assert not (tmp_path / "artifact").exists()
+    # The filter the message suggests quantizes the rest, and exports
+    # (served exactly: tests/serve/test_quantized_serving.py, gemma4-int8).
+    raw_read = ("ffw_gating", "ffw_gating_2", "ffw_linear")
+    assert str(raw_read) in str(info.value)
+    causal_lm = testing.build_tiny_causal_lm("gemma4")
+    causal_lm.backbone.quantize(
+        "int8", filters=lambda layer: layer.name not in raw_read
+    )
+    keras_vllm.export_vllm(causal_lm, tmp_path / "int8", golden_prompts=())
+    manifest = fmt.read_manifest(tmp_path / "int8")
+    assert any("query" in p for p in manifest["quantization"]["layers"])

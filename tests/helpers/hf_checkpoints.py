@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+from helpers import hf_published
 from keras_vllm.testing import tokenizers as tokenizers_lib
 
 # family -> (tokenizer kind, keras-vllm tokenizer layout).
@@ -27,6 +28,8 @@ _TOKENIZERS = {
     "qwen_moe": ("bpe", "qwen"),
     "qwen3_moe": ("bpe", "qwen"),
     "smollm3": ("bpe", "smollm3"),
+    "gemma4": ("spm_json", "gemma4"),
+    "gpt_oss": ("bpe", "gpt_oss"),
 }
 FAMILIES = tuple(_TOKENIZERS)
 
@@ -83,6 +86,8 @@ def _write_chat_template(family, directory):
 def _write_tokenizer(family, directory):
     """Writes the tokenizer files; returns the vocabulary size."""
     kind, layout = _TOKENIZERS[family]
+    if kind == "spm_json":
+        return hf_published.write_sentence_piece_json(layout, directory)
     if kind == "spm":
         import sentencepiece
 
@@ -184,13 +189,33 @@ def _config(family, vocabulary_size):
             tie_word_embeddings=True, pad_token_id=None, bos_token_id=None,
             eos_token_id=None,
         )
+    if family == "gemma4":
+        # The 26B-A4B shape: global layers (the 6th) with a wider head and
+        # one KV head whose keys are its values, partial RoPE; a dense FFN
+        # and 4 experts (top 2) in parallel. transformers 5.19 writes the
+        # global layers' shape as `per_layer_config` (keras-vllm's
+        # `gemma4_hf_fixes` reads it), a text-only checkpoint no
+        # `processor_config.json`.
+        return transformers.Gemma4TextConfig(
+            **dict(common, num_hidden_layers=6), head_dim=8,
+            global_head_dim=16, num_global_key_value_heads=1,
+            attention_k_eq_v=True, sliding_window=16,
+            hidden_size_per_layer_input=0, enable_moe_block=True,
+            num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+        )
+    if family == "gpt_oss":
+        # Head size 64 (every preset's); experts rewritten as MXFP4 below.
+        return transformers.GptOssConfig(
+            **common, head_dim=64, num_local_experts=4,
+            num_experts_per_tok=2, sliding_window=16,
+        )
     return transformers.GPT2Config(
         vocab_size=vocabulary_size, n_embd=32, n_layer=2, n_head=4,
         n_positions=256,
     )
 
 
-def write_checkpoint(family, directory, max_shard_size=None):
+def write_checkpoint(family, directory, max_shard_size=None, published=True):
     """Writes a tiny random checkpoint of `family` to `directory`.
 
     Args:
@@ -198,6 +223,9 @@ def write_checkpoint(family, directory, max_shard_size=None):
         directory: where to write (created).
         max_shard_size: e.g. `"20KB"` to write sharded safetensors and
             their index, else one `model.safetensors`.
+        published: False keeps what transformers 5 writes where the
+            published checkpoints differ (GPT-OSS: unquantized experts and
+            `rope_parameters`).
 
     Returns:
         `directory`.
@@ -221,6 +249,8 @@ def write_checkpoint(family, directory, max_shard_size=None):
             written = json.load(f)
         written["num_experts"] = written["num_local_experts"]
         _write_json(directory, "config.json", written)
+    if family == "gpt_oss" and published:
+        hf_published.as_published_gpt_oss(directory)
     return directory
 
 
@@ -232,13 +262,18 @@ def cached_checkpoint(root, family, max_shard_size=None):
     return directory
 
 
-def changed_model(directory):
+def changed_model(directory, every_kernel=None):
     """The checkpoint's CausalLM with its token embedding and one kernel
     moved (far enough that greedy outputs depend on the prompt), as a
-    fine-tune would: a delta export stores those two."""
-    import keras_hub
+    fine-tune would: a delta export stores those two.
 
-    causal_lm = keras_hub.models.CausalLM.from_preset(directory)
+    `every_kernel`: a noise scale that also moves every other kernel, for
+    checkpoints whose greedy output stays one token otherwise (Gemma 4's).
+    The class is keras-vllm's choice (`preset_causal_lm_class`): keras-hub
+    picks among a backbone's CausalLM classes in no fixed order."""
+    from keras_vllm.export.capabilities import preset_causal_lm_class
+
+    causal_lm = preset_causal_lm_class(directory).from_preset(directory)
     rng = np.random.default_rng(0)
     embeddings = causal_lm.backbone.token_embedding.embeddings
     embeddings.assign(
@@ -249,6 +284,13 @@ def changed_model(directory):
         and v is not embeddings
     )
     kernel.assign(kernel.numpy() + rng.normal(0, 0.1, kernel.shape))
+    if every_kernel is not None:
+        for variable in causal_lm.backbone.weights:
+            if len(variable.shape) >= 2 and variable is not embeddings:
+                variable.assign(
+                    variable.numpy()
+                    + rng.normal(0, every_kernel, variable.shape)
+                )
     return causal_lm
 
 

@@ -32,6 +32,17 @@ def _calibrate(causal_lm, mode):
     causal_lm.quantize(mode, config=config)
 
 
+def _servable(backbone):
+    """Keras `quantize` filter: every layer but those whose kernels their
+    parent reads raw (Gemma 4's dense FFN: KerasHub's decoder block
+    multiplies by `.kernel`, so quantized they are wrong in Keras too, and
+    export refuses them by name). The filter a Gemma 4 user passes."""
+    from keras_vllm.layers import swap
+
+    raw = swap.raw_kernel_layers(backbone)
+    return lambda layer: layer.path not in raw
+
+
 def quantized(family, mode):
     """`family`'s fine-tuned model quantized in `mode`, once per session.
 
@@ -43,6 +54,10 @@ def quantized(family, mode):
         if mode == "gptq":
             _calibrate(copy, mode)
         else:
-            copy.backbone.quantize(mode)
+            copy.backbone.quantize(mode, filters=_servable(copy.backbone))
+        assert any(
+            getattr(layer, "quantization_mode", None) == mode
+            for layer in copy.backbone._flatten_layers()
+        ), f"no layer of {family} was quantized to {mode}"
         _MODELS[key] = copy
     return _MODELS[key]

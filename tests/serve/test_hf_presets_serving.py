@@ -1,8 +1,9 @@
 """Serving delta artifacts over Hugging Face-format checkpoints.
 
-For each family issue #15 names, and SmolLM3 (issue #35: its NoPE layers
-and keras-vllm's fixes of keras-hub's SmolLM3 classes, through keras-hub's
-own converter) (a tiny checkpoint written locally with `transformers`;
+For each family issue #15 names, and SmolLM3, Gemma 4 and GPT-OSS (issue
+#35: SmolLM3's NoPE layers and keras-vllm's fixes of keras-hub's SmolLM3
+classes; keras-vllm's fixes of keras-hub's Gemma 4 and GPT-OSS converters;
+all through keras-hub's own converters) (a tiny checkpoint written locally with `transformers`;
 keras-hub converts it on load): the checkpoint's CausalLM
 with some weights changed, the default `export_vllm(out)` (a delta pinning
 the checkpoint's files), one engine start in vLLM's default multiprocess
@@ -19,11 +20,20 @@ from keras_vllm import format as fmt
 from keras_vllm.hub import reference
 
 
-# The families issue #15 asks for, and SmolLM3 (#35); Qwen2 written
-# sharded, as in test_hf_presets.py, so the engine also reads the base
-# through an index.
-FAMILIES = ("llama", "qwen2", "gemma2", "mistral", "gpt2", "smollm3")
+# The families issue #15 asks for, and SmolLM3, Gemma 4 and GPT-OSS (#35);
+# Qwen2 written sharded, as in test_hf_presets.py, so the engine also reads
+# the base through an index. Gemma 4 is written by transformers 5.19 (its
+# global layers' shape in `per_layer_config`, no processor_config.json),
+# GPT-OSS as published (MXFP4 experts, YaRN in `rope_scaling`): keras-vllm's
+# `layers/gemma4_hf_fixes.py` and `gpt_oss_hf_fixes.py` convert both.
+FAMILIES = (
+    "llama", "qwen2", "gemma2", "mistral", "gpt2", "smollm3", "gemma4",
+    "gpt_oss",
+)
 SHARDED = {"qwen2": "20KB"}
+# Gemma 4's tiny random checkpoint repeats one token per prompt unless its
+# other kernels move too.
+EVERY_KERNEL = {"gemma4": 0.3}
 NEW_TOKENS = 16
 
 
@@ -44,7 +54,9 @@ def test_engine_serves_delta_on_hf_checkpoint(family, checkpoint_root, tmp_path)
     directory = hf_checkpoints.cached_checkpoint(
         checkpoint_root, family, max_shard_size=SHARDED.get(family)
     )
-    causal_lm = hf_checkpoints.changed_model(directory)
+    causal_lm = hf_checkpoints.changed_model(
+        directory, every_kernel=EVERY_KERNEL.get(family)
+    )
     out = causal_lm.export_vllm(
         str(tmp_path / "out"), max_sequence_length=256, golden_prompts=[]
     )

@@ -8,6 +8,8 @@ the expert banks float). The engine runs the quantized
 Keras layers' own computation (the paged subclasses call the parent's projections), so the
 served tokens must equal the quantized model's `generate()`. Llama int8 is
 also served at TP=2, where the int8 kernels and their scales are split.
+Gemma 4 int8 quantizes all but its dense FFN (which KerasHub's decoder
+block reads raw; export refuses it quantized, test_gemma4_export.py).
 """
 
 import pytest
@@ -22,6 +24,10 @@ CASES = [
     for family in ("llama", "gpt2")
     for mode in quantized_models.MODES
 ] + [("llama", "int8", 2), ("mixtral", "int8", 1)]
+# Gemma 4 (the `gemma4` fixture: mixed head sizes, K=V global layer, MoE)
+# in int8 with its dense FFN left float (`quantized_models._servable`):
+# attention projections, the router and the per-layer projections int8.
+CASES.append(("gemma4", "int8", 1))
 
 # Teacher-forced logprobs against Keras' forward pass. int4 (weights only)
 # and GPTQ dequantize their weights and compute in float: every position
