@@ -1,4 +1,4 @@
-"""Format 1.9 `modalities.image`: an export of a Gemma 3 vision model with
+"""Format 1.9 `modalities.image` (served since 1.10): an export of a Gemma 3 vision model with
 an image-taking preprocessor stores how that preprocessor turns an image
 prompt into pixels and token ids, and `keras_vllm.hub.images` redoes it
 from the artifact alone, equal to KerasHub's `generate_preprocess`
@@ -39,7 +39,7 @@ def exported(tmp_path_factory):
 
 def test_the_artifact_stores_the_image_settings(exported):
     causal_lm, manifest = exported
-    assert manifest["format_version"] == [1, 9]
+    assert manifest["format_version"] == [1, 10]
     settings = fmt.image_settings(manifest)
     tokenizer = causal_lm.preprocessor.tokenizer
     assert settings == {
@@ -64,8 +64,8 @@ def test_the_artifact_stores_the_image_settings(exported):
         "placeholder_token_id": tokenizer.image_placeholder_id,
         "attention": "bidirectional_within_image",
     }
-    # Requests with images are not served yet: the artifact says text.
-    assert fmt.served_modalities(manifest) == ["text"]
+    # Format 1.10: the artifact serves images, under its own architecture.
+    assert fmt.served_modalities(manifest) == ["text", "image"]
 
 
 def test_prompt_expansion_gives_the_preprocessors_token_ids(exported):
@@ -144,9 +144,18 @@ def test_the_reader_checks_the_image_settings(exported):
     _, manifest = exported
     fmt.validate_manifest(copy.deepcopy(manifest))
     older = copy.deepcopy(manifest)
+    older["format_version"] = [1, 9]
+    with pytest.raises(keras_vllm.ArtifactError, match="format 1.10 value"):
+        fmt.validate_manifest(older)
+    older["modalities"]["served"] = ["text"]
+    fmt.validate_manifest(copy.deepcopy(older))  # a 1.9 vision export
     older["format_version"] = [1, 8]
     with pytest.raises(keras_vllm.ArtifactError, match="format 1.9 field"):
         fmt.validate_manifest(older)
+    no_settings = copy.deepcopy(manifest)
+    del no_settings["modalities"]["image"]
+    with pytest.raises(keras_vllm.ArtifactError, match="modalities.image"):
+        fmt.validate_manifest(no_settings)
     edits = {
         "tokens_per_image": 0,
         "attention": "sideways",
