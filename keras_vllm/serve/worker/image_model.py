@@ -21,8 +21,10 @@ runner fix (`keras_vllm.serve.worker.image_steps`) passes the ids too,
 since they say where the placeholders are. Nothing here names a family.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from keras import ops
 
 from keras_vllm import format as fmt
@@ -33,6 +35,9 @@ from keras_vllm.layers.common.context import serving_context
 from keras_vllm.serve.multimodal.processor import register_processor
 from keras_vllm.serve.worker.adapter_slots import token_slots
 from keras_vllm.serve.worker.model import KerasVllmForCausalLM
+
+# The jitted vision encoder of each served artifact (`_encoder`).
+_ENCODERS = {}
 
 
 @register_processor
@@ -90,9 +95,30 @@ class KerasVllmForConditionalGeneration(KerasVllmForCausalLM):
         if pixel_values is None:
             return []
         pixels = jnp.asarray(np.asarray(pixel_values, dtype="float32"))
-        rows = self.image_model.embed_images(self.backbone, pixels)
-        rows = jnp.asarray(rows)[0] if rows.ndim == 4 else jnp.asarray(rows)
+        rows = self._encoder()(nnx.state(self.backbone), pixels)
         return [rows[i] for i in range(rows.shape[0])]
+
+    def _encoder(self):
+        """The jitted vision encoder: `(backbone state, pixels) -> rows`.
+
+        tpu-inference calls `embed_multimodal` outside its jitted step, on a
+        model merged afresh each call, so the program is kept per artifact
+        (one compile per image count) and the weights go in as arguments,
+        not baked-in constants.
+        """
+        entry = _ENCODERS.get(self._model_path)
+        if entry is None:
+            graphdef, _ = nnx.split(self.backbone)
+            image_model = self.image_model
+
+            def encode(state, pixels):
+                rows = image_model.embed_images(
+                    nnx.merge(graphdef, state), pixels
+                )
+                return jnp.reshape(rows, (pixels.shape[0],) + rows.shape[-2:])
+
+            entry = _ENCODERS[self._model_path] = jax.jit(encode)
+        return entry
 
     def embed_input_ids(
         self, input_ids, multimodal_embeddings=None, is_multimodal=None
