@@ -44,6 +44,19 @@ _ENCODERS = {}
 class KerasVllmForConditionalGeneration(KerasVllmForCausalLM):
     """Serves a keras-vllm artifact whose manifest serves images.
 
+    vLLM picks it by the artifact's architecture (`IMAGE_ARCHITECTURE`,
+    format 1.10); users reach it through any entry point:
+
+    ```python
+    engine = keras_vllm.KerasVllmEngine.from_export("exports/gemma3_vision")
+    engine.generate({"prompt": "<start_of_image> Describe it.",
+                     "multi_modal_data": {"image": pil_image}})
+    ```
+
+    Chat rendering asks the class for the image marker
+    (`get_placeholder_str`): it answers with the image artifact this
+    process loaded last.
+
     Args: as `KerasVllmForCausalLM`.
     """
 
