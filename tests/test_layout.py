@@ -33,7 +33,7 @@ LAYERS = [
     "hub signing _env layers",
     "export load",
     "serve.hf_config",
-    "serve.tokenizer serve.worker",
+    "serve.tokenizer serve.multimodal serve.worker",
     "serve.preflight serve.process",
     "serve.frontend",
     "serve.plugin",

@@ -46,6 +46,11 @@ def serve_command(path, extra, preset=None):
         "--no-enable-prefix-caching" not in given
     ):
         command.append("--no-enable-prefix-caching")
+    if defaults.get("disable_chunked_mm_input") and (
+        "--disable-chunked-mm-input" not in given
+    ):
+        # An artifact that serves images (`preflight.serving_defaults`).
+        command.append("--disable-chunked-mm-input")
     return command + list(extra)
 
 

@@ -216,6 +216,7 @@ def _export(
             bos_token_id=getattr(tokenizer, "start_token_id", None),
             pad_token_id=getattr(tokenizer, "pad_token_id", None),
             kv_layout=kv_layout(backbone),
+            serves_images=sections.image_settings(causal_lm) is not None,
         )
         unservable = None
     except UnsupportedModelError as e:

@@ -121,7 +121,8 @@ def new_manifest(*, written_by, preset, dtype, stop_token_ids,
         **sections,
         "golden_reference": golden_reference,
         "modalities": {
-            "served": ["text"],
+            # Images are served (1.10) when the family says how they enter.
+            "served": ["text"] if image is None else ["text", "image"],
             "unserved_inputs": sorted(unserved_inputs),
         },
         "prefix_caching": bool(prefix_caching),
@@ -330,6 +331,13 @@ def _validate_modalities(manifest):
         "text" in served and all(m in SERVED_MODALITIES for m in served),
         f"'modalities.served' must list 'text' and only {SERVED_MODALITIES}.",
     )
+    if "image" in served:
+        _expect(
+            tuple(manifest["format_version"]) >= (1, 10)
+            and "image" in modalities,
+            "'modalities.served' lists 'image', a format 1.10 value that "
+            "needs 'modalities.image'.",
+        )
     unserved = _field(modalities, "unserved_inputs", list, "modalities")
     _expect(
         len(unserved) <= 64

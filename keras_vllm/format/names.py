@@ -7,12 +7,15 @@ once; the rest of `keras_vllm.format` (and nothing outside it) spells them.
 FORMAT_NAME = "keras_vllm"
 # The major version changes when a reader of an older version could
 # misread an artifact; the minor version when fields are only added.
-FORMAT_VERSION = (1, 9)
+FORMAT_VERSION = (1, 10)
 
 # vLLM-facing names. Chosen so they cannot collide with keras-hub 0.32's own
 # plugin, which registers `keras_hub` / `KerasHubForCausalLM`.
 MODEL_TYPE = "keras_vllm"
 ARCHITECTURE = "KerasVllmForCausalLM"
+# The architecture of an artifact that serves images (format 1.10): vLLM
+# finds a model's multimodal processor through its architecture's class.
+IMAGE_ARCHITECTURE = "KerasVllmForConditionalGeneration"
 TOKENIZER_MODE = "keras_vllm"
 
 MANIFEST_FILE = "manifest.json"
@@ -130,7 +133,7 @@ MANIFEST_FIELDS = (
     "files",
 )
 # What a served artifact takes in requests (`manifest.modalities.served`);
-# 1.5 and older artifacts serve text. Images are for a later minor version.
-SERVED_MODALITIES = ("text",)
+# 1.5 and older artifacts serve text; 1.10 adds images.
+SERVED_MODALITIES = ("text", "image")
 # How golden outputs were computed in Keras (1.0 artifacts: "generate").
 GOLDEN_REFERENCES = ("generate", "forward_pass")

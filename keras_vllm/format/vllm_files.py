@@ -19,6 +19,7 @@ from keras_vllm.format.checks import is_number
 from keras_vllm.format.names import ARCHITECTURE
 from keras_vllm.format.names import CONFIG_FILE
 from keras_vllm.format.names import GENERATION_CONFIG_FILE
+from keras_vllm.format.names import IMAGE_ARCHITECTURE
 from keras_vllm.format.names import MAX_DIM
 from keras_vllm.format.names import MODEL_TYPE
 
@@ -102,6 +103,7 @@ def vllm_config(
     bos_token_id,
     pad_token_id,
     kv_layout,
+    serves_images=False,
 ):
     """Builds the neutral `config.json` dict.
 
@@ -113,10 +115,13 @@ def vllm_config(
             `num_global_key_value_heads` and `num_kv_shared_layers` when
             full-attention layers have another shape or layers share
             caches; see `keras_vllm.export.kv_layout`).
+        serves_images: whether the artifact serves images (1.10): its
+            architecture is then `IMAGE_ARCHITECTURE`, the class vLLM finds
+            the multimodal processor on.
         The others are the backbone's and tokenizer's own numbers.
     """
     config = {
-        "architectures": [ARCHITECTURE],
+        "architectures": [IMAGE_ARCHITECTURE if serves_images else ARCHITECTURE],
         "model_type": MODEL_TYPE,
         "hidden_size": int(hidden_size),
         "vocab_size": int(vocab_size),
@@ -195,13 +200,15 @@ def check_vllm_config(config, manifest, vocab):
     for key in ("architectures", "model_type") + _SIZE_KEYS:
         if key not in config:
             fail(f"{what} lacks '{key}'; re-export the model.")
-    if config["architectures"] != [ARCHITECTURE] or (
+    served = manifest.get("modalities", {}).get("served", ["text"])
+    architecture = IMAGE_ARCHITECTURE if "image" in served else ARCHITECTURE
+    if config["architectures"] != [architecture] or (
         config["model_type"] != MODEL_TYPE
     ):
         fail(
             f"{what} names architectures {str(config['architectures'])[:100]} "
             f"/ model_type '{str(config['model_type'])[:100]}', not "
-            f"'{ARCHITECTURE}' / '{MODEL_TYPE}'."
+            f"'{architecture}' / '{MODEL_TYPE}'."
         )
     for key in _SIZE_KEYS:
         _positive(config[key], f"{what}: '{key}'")

@@ -10,10 +10,12 @@ the sliding window on local layers (`q - k < sliding_window_size`, as the
 parent's `_mask_sliding_window`). The final logit soft cap lives in the
 backbone's `ReversibleEmbedding`, so the backbone's own head applies it.
 The bidirectional sliding window of embedding models is not causal
-generation and is refused. A backbone with a vision encoder serves its text
-decoder (registered below): text prompts only. Its image settings (the
-preprocessor's placeholder expansion and image converter, registered below)
-are stored in the artifact for the image path (`modalities.image`).
+generation and is refused. A backbone with a vision encoder serves images
+when its preprocessor takes them: its image settings (the preprocessor's
+placeholder expansion and image converter) and its backbone split where
+images enter are registered below (`modalities.image`, served by
+`serve/worker/image_model.py`); without an image converter it serves its
+text decoder (registered below): text prompts only.
 """
 
 from keras_hub.src.models.gemma3.gemma3_attention import CachedGemma3Attention

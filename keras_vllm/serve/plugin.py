@@ -86,6 +86,16 @@ def register():
     from keras_vllm.serve.worker.model import KerasVllmForCausalLM
 
     register_model(fmt.ARCHITECTURE, KerasVllmForCausalLM)
+    from keras_vllm.serve.worker.image_model import (
+        KerasVllmForConditionalGeneration,
+    )
+
+    # Artifacts that serve images (their processor is on this class).
+    register_model(fmt.IMAGE_ARCHITECTURE, KerasVllmForConditionalGeneration)
+    from keras_vllm.serve.worker import image_steps
+
+    # Steps with images reach the model with their token ids.
+    image_steps.install()
     from keras_vllm.serve.frontend import sampling
 
     # Requests setting what the backend would not apply are refused.

@@ -199,6 +199,12 @@ def serving_defaults(artifact, overrides):
         if overrides.get("enable_prefix_caching"):
             raise ServingError(fmt.no_prefix_caching_message(path))
         kwargs["enable_prefix_caching"] = False
+    if "image" in fmt.served_modalities(manifest):
+        # An image's placeholders attend to the whole image, so they are
+        # computed in one step (`layers/common/span_attention.py`); prefix
+        # caching is off by default (its partial-image hits are untested).
+        kwargs["disable_chunked_mm_input"] = True
+        kwargs.setdefault("enable_prefix_caching", False)
     kwargs.update(overrides)
     max_len = kwargs.get("max_model_len")
     if max_len is not None and int(max_len) > max_positions:

@@ -1,8 +1,10 @@
-"""Format 1.9 `modalities.image`: an export of a Gemma 3 vision model with
-an image-taking preprocessor stores how that preprocessor turns an image
-prompt into pixels and token ids, and `keras_vllm.hub.images` redoes it
-from the artifact alone, equal to KerasHub's `generate_preprocess`
-(Keras-side only, no engine)."""
+"""Format 1.9 `modalities.image`, served since 1.10: an export of a Gemma 3
+vision model with an image-taking preprocessor stores how that preprocessor
+turns an image prompt into pixels and token ids, and `keras_vllm.hub.images`
+redoes it from the artifact alone, equal to KerasHub's `generate_preprocess`;
+the artifact's tokenizer expands image markers the same way, and every entry
+point serves it with unchunked image inputs (no engine here: the engine
+module is tests/serve/test_serving_images.py)."""
 
 import copy
 
@@ -14,12 +16,16 @@ from keras_vllm import format as fmt
 from keras_vllm import testing
 from keras_vllm.hub import images as image_io
 from helpers import vision_models
+from keras_vllm.serve import preflight
+from keras_vllm.serve.frontend import modality_checks
+from keras_vllm.serve.frontend import refusals
 
 pytest.importorskip("tensorflow")  # Gemma3CausalLMPreprocessor needs it.
 
 PROMPTS = [
     "the cat <start_of_image> sat",
     "<start_of_image> and <start_of_image>?",
+    "<start_of_image><start_of_image>",
     "no image at all",
 ]
 
@@ -34,12 +40,12 @@ def exported(tmp_path_factory):
         tmp_path_factory.mktemp("gemma3_images") / "artifact",
         golden_prompts=(),
     )
-    return causal_lm, fmt.open_artifact(path).manifest
+    return causal_lm, fmt.open_artifact(path).manifest, str(path)
 
 
 def test_the_artifact_stores_the_image_settings(exported):
-    causal_lm, manifest = exported
-    assert manifest["format_version"] == [1, 9]
+    causal_lm, manifest, _ = exported
+    assert manifest["format_version"] == [1, 10]
     settings = fmt.image_settings(manifest)
     tokenizer = causal_lm.preprocessor.tokenizer
     assert settings == {
@@ -64,12 +70,12 @@ def test_the_artifact_stores_the_image_settings(exported):
         "placeholder_token_id": tokenizer.image_placeholder_id,
         "attention": "bidirectional_within_image",
     }
-    # Requests with images are not served yet: the artifact says text.
-    assert fmt.served_modalities(manifest) == ["text"]
+    # Format 1.10: the artifact serves images, under its own architecture.
+    assert fmt.served_modalities(manifest) == ["text", "image"]
 
 
 def test_prompt_expansion_gives_the_preprocessors_token_ids(exported):
-    causal_lm, manifest = exported
+    causal_lm, manifest, _ = exported
     settings = fmt.image_settings(manifest)
     preprocessor = causal_lm.preprocessor
     tokenizer = preprocessor.tokenizer
@@ -95,7 +101,7 @@ def test_prompt_expansion_gives_the_preprocessors_token_ids(exported):
 
 
 def test_pixels_equal_the_preprocessors(exported):
-    causal_lm, manifest = exported
+    causal_lm, manifest, _ = exported
     settings = fmt.image_settings(manifest)
     converter = image_io.image_converter(settings)
     # KerasHub pads a batch's images to the largest before resizing: one
@@ -114,7 +120,7 @@ def test_pixels_equal_the_preprocessors(exported):
 def test_a_pil_image_converts_as_its_array(exported):
     from PIL import Image
 
-    _, manifest = exported
+    _, manifest, _ = exported
     settings = fmt.image_settings(manifest)
     array = vision_models.images(1, seed=5)[0]
     pil = Image.fromarray(array.astype("uint8"))
@@ -141,12 +147,21 @@ def test_a_text_only_model_stores_no_image_settings(exported, tmp_path):
 
 
 def test_the_reader_checks_the_image_settings(exported):
-    _, manifest = exported
+    _, manifest, _ = exported
     fmt.validate_manifest(copy.deepcopy(manifest))
     older = copy.deepcopy(manifest)
+    older["format_version"] = [1, 9]
+    with pytest.raises(keras_vllm.ArtifactError, match="format 1.10 value"):
+        fmt.validate_manifest(older)
+    older["modalities"]["served"] = ["text"]
+    fmt.validate_manifest(copy.deepcopy(older))  # a 1.9 vision export
     older["format_version"] = [1, 8]
     with pytest.raises(keras_vllm.ArtifactError, match="format 1.9 field"):
         fmt.validate_manifest(older)
+    no_settings = copy.deepcopy(manifest)
+    del no_settings["modalities"]["image"]
+    with pytest.raises(keras_vllm.ArtifactError, match="modalities.image"):
+        fmt.validate_manifest(no_settings)
     edits = {
         "tokens_per_image": 0,
         "attention": "sideways",
@@ -166,3 +181,62 @@ def test_the_reader_checks_the_image_settings(exported):
     bad["modalities"]["image"]["converter"]["scale"] = "big"
     with pytest.raises(keras_vllm.ArtifactError, match="scale"):
         fmt.validate_manifest(bad)
+
+
+# Serving it, without an engine (the engine module: tests/serve/
+# test_serving_images.py).
+
+
+def test_the_tokenizer_expands_markers_as_the_preprocessor(exported):
+    from keras_vllm.serve.tokenizer import KerasVllmTokenizer
+
+    causal_lm, _, path = exported
+    tokenizer = KerasVllmTokenizer.from_pretrained(path)
+    for prompt in PROMPTS:
+        count = prompt.count("<start_of_image>")
+        x = causal_lm.preprocessor.generate_preprocess(
+            {"prompts": [prompt],
+             "images": [vision_models.images(count)] if count else None},
+            sequence_length=48,
+        )
+        want = np.asarray(x["token_ids"])[0][np.asarray(x["padding_mask"])[0]]
+        assert tokenizer.encode(prompt) == want.tolist(), prompt
+
+
+def test_every_entry_point_serves_images_unchunked(exported):
+    from keras_vllm.cli.serve import serve_command
+
+    _, _, path = exported
+    kwargs = preflight.serving_defaults(fmt.open_artifact(path), {})
+    assert kwargs["disable_chunked_mm_input"] is True
+    assert kwargs["enable_prefix_caching"] is False
+    command = serve_command(path, [])
+    assert "--disable-chunked-mm-input" in command
+    assert "--no-enable-prefix-caching" in command
+    message = refusals.refusal(path, ["vllm", "serve", path])
+    assert "serves images" in message and "--disable-chunked-mm-input" in message
+    assert refusals.refusal(
+        path, ["vllm", "serve", path, "--disable-chunked-mm-input",
+               "--no-enable-prefix-caching"]
+    ) is None
+
+
+def test_markers_and_images_must_agree(exported):
+    _, _, path = exported
+    manifest = fmt.open_artifact(path).manifest
+    image = vision_models.images(1)[0]
+    ok = [{"prompt": "a <start_of_image>", "multi_modal_data": {"image": image}},
+          {"prompt": "text only"}]
+    modality_checks.check_request("generate", ok, manifest)
+    with pytest.raises(keras_vllm.ServingError, match="audio"):
+        modality_checks.check_request(
+            "generate", [{"prompt": "a", "multi_modal_data": {"audio": 1}}],
+            manifest,
+        )
+    with pytest.raises(keras_vllm.ServingError, match="1 image marker"):
+        modality_checks.check_request(
+            "generate",
+            [{"prompt": "<start_of_image>",
+              "multi_modal_data": {"image": [image, image]}}],
+            manifest,
+        )

@@ -128,10 +128,12 @@ def test_a_modality_this_reader_cannot_serve_is_refused(exported, tmp_path):
     path = _copy(exported, tmp_path)
     manifest_path = os.path.join(path, fmt.MANIFEST_FILE)
     manifest = json.load(open(manifest_path))
-    manifest["modalities"]["served"] = ["text", "image"]
-    fmt.write_json(manifest_path, manifest)
-    with pytest.raises(keras_vllm.ArtifactError, match="modalities.served"):
-        fmt.open_artifact(path)
+    # Audio is no modality of this format; images need `modalities.image`.
+    for served in (["text", "audio"], ["text", "image"]):
+        manifest["modalities"]["served"] = served
+        fmt.write_json(manifest_path, manifest)
+        with pytest.raises(keras_vllm.ArtifactError, match="modalities.served"):
+            fmt.open_artifact(path)
 
 
 def test_unknown_golden_reference_is_refused(exported, tmp_path):

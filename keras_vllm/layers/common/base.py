@@ -156,6 +156,25 @@ class PagedAttention:
                 alibi_slopes=[float(s) for s in alibi_slopes],
                 mesh=context.mesh,
             )
+        elif context.attend_until is not None:
+            # A step with image placeholders: some tokens see past
+            # themselves, which tpu-inference's kernels cannot express.
+            from keras_vllm.layers.common.span_attention import (
+                paged_span_attention,
+            )
+
+            if sinks is not None or not update_kv_cache:
+                raise ValueError(
+                    "Image spans take no attention sinks or shared cache."
+                )
+            new_cache, out = paged_span_attention(
+                *args,
+                sm_scale=float(sm_scale),
+                attend_until=context.attend_until,
+                sliding_window=sliding_window,
+                soft_cap=soft_cap,
+                mesh=context.mesh,
+            )
         else:
             from keras_vllm.layers.common.paged_attention import paged_attention
 

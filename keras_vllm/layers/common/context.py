@@ -29,11 +29,15 @@ class ServingContext:
             index of its KV cache in `kv_caches` (vLLM's
             `layer_name_to_kvcache_index`); layers that share a cache map
             to the same index. None: layer i uses cache i.
+        attend_until: `int32[T]`, each token's last visible key position
+            when some tokens see past their own (image placeholders that
+            attend to their whole image), or None (every token causal).
     """
 
     def __init__(self, kv_caches, attention_metadata, positions, mesh=None,
-                 lora_slots=None, cache_of_layer=None):
+                 lora_slots=None, cache_of_layer=None, attend_until=None):
         self.kv_caches = list(kv_caches)
+        self.attend_until = attend_until
         self.lora_slots = lora_slots
         self.attention_metadata = attention_metadata
         self.positions = positions

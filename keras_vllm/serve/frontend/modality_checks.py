@@ -1,9 +1,12 @@
 """Requests an artifact cannot serve, refused before they reach vLLM.
 
-A keras-vllm artifact serves text (`manifest.modalities.served`): a model
-exported with a vision encoder serves its text decoder only. vLLM would
-send an image to a model class that takes none and fail inside the
-engine, so a request that carries one is refused here, by name.
+A keras-vllm artifact serves text (`manifest.modalities.served`), and
+since format 1.10 images when its family says how they enter the model
+(`modalities.image`). An older export of a vision model serves its text
+decoder only: vLLM would send an image to a model class that takes none
+and fail inside the engine, so a request that carries one is refused here,
+by name. For an artifact that serves images, a prompt must hold one image
+marker per image (KerasHub's preprocessor puts each image at its marker).
 """
 
 from keras_vllm import format as fmt
@@ -16,8 +19,12 @@ _NON_TEXT_PARTS = ("image", "image_url", "image_pil", "image_embeds",
 
 def check_request(method, inputs, manifest):
     """Raises `ServingError` when `generate`'s prompts or `chat`'s messages
-    carry inputs other than text (the artifact serves text only)."""
+    carry inputs the artifact does not serve (an image for a text-only
+    artifact), or a prompt's image markers and images disagree."""
     served = fmt.served_modalities(manifest)
+    if "image" in served:
+        _check_image_prompts(method, inputs, fmt.image_settings(manifest))
+        return
     found = _non_text(method, inputs)
     if found is None:
         return
@@ -52,3 +59,35 @@ def _non_text(method, inputs):
                 if kind in _NON_TEXT_PARTS:
                     return f"a '{kind}' message part"
     return None
+
+
+def _check_image_prompts(method, inputs, settings):
+    if method != "generate":
+        return
+    items = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+    marker = settings["marker"]
+    for prompt in items:
+        if not isinstance(prompt, dict):
+            continue
+        data = prompt.get("multi_modal_data") or {}
+        other = sorted(set(data) - {"image"})
+        if other:
+            raise ServingError(
+                f"The request carries multi_modal_data {', '.join(other)}, "
+                "but this artifact serves text and image only."
+            )
+        text = prompt.get("prompt")
+        if not isinstance(text, str):
+            continue
+        images = data.get("image")
+        count = 0 if images is None else (
+            len(images) if isinstance(images, (list, tuple)) else 1
+        )
+        markers = text.count(marker)
+        if markers != count:
+            raise ServingError(
+                f"The prompt holds {markers} image marker(s) '{marker}' but "
+                f"the request carries {count} image(s). Put one '{marker}' "
+                "in the prompt where each image goes, as the model's "
+                "preprocessor expects."
+            )

@@ -69,6 +69,17 @@ def refusal(path, argv=()):
             plan = preflight.check(path, preflight.overrides_from_argv(argv))
         except KerasVllmError as e:
             return f"keras-vllm: {type(e).__name__}: {e}"
+        if plan.engine_kwargs.get("disable_chunked_mm_input") and not all(
+            a in argv for a in ("--disable-chunked-mm-input",
+                                "--no-enable-prefix-caching")
+        ):
+            # An artifact that serves images (`preflight.serving_defaults`).
+            return (
+                f"keras-vllm: ServingError: '{path}' serves images: an "
+                "image's placeholders attend to the whole image, so serve "
+                "it with `--disable-chunked-mm-input "
+                "--no-enable-prefix-caching` (`keras-vllm serve` adds both)."
+            )
         if plan.engine_kwargs.get("enable_prefix_caching") is False and (
             "--no-enable-prefix-caching" not in argv
         ):

@@ -3,6 +3,7 @@
 import os
 
 from keras_vllm import format as fmt
+from keras_vllm.hub import images
 from keras_vllm.serve.tokenizer import chat
 from keras_vllm.serve.tokenizer.chat_methods import ChatTemplateMethods
 from keras_vllm.serve.tokenizer.chat_methods import batch_encoding
@@ -74,6 +75,12 @@ class KerasVllmTokenizer(ChatTemplateMethods, TokenizerLike):
             manifest.get("max_sequence_length") or int(1e30)
         )
 
+        # An artifact that serves images (format 1.10): prompts' image
+        # markers expand as its preprocessor expands them.
+        self._image = (
+            fmt.image_settings(manifest)
+            if "image" in fmt.served_modalities(manifest) else None
+        )
         self._vocab = Vocabulary(tokenizer)
         self._special = SpecialTokens(manifest, tokenizer, self._vocab)
         self._special_texts = SpecialTexts(self._special, self._vocab)
@@ -298,13 +305,16 @@ class KerasVllmTokenizer(ChatTemplateMethods, TokenizerLike):
         `generate()` tokenizes it, with the start token prepended.
         With `truncation` and `max_length`, the ids (start token included)
         are cut to `max_length` from `truncation_side`, keeping the start
-        token, as HF tokenizers do.
+        token, as HF tokenizers do. An artifact that serves images has
+        each image marker expanded first, as its preprocessor does.
         """
         if not isinstance(text, str):
             raise TypeError(
                 f"{type(self).__name__}.encode() takes one string, got "
                 f"{type(text).__name__}."
             )
+        if self._image is not None:
+            text = images.expand_prompt(self._image, text)
         if add_special_tokens:
             ids = self._vocab.native_ids(text)
         else:

@@ -76,8 +76,7 @@ class KerasVllmForCausalLM(nnx.Module):
                 # paged layers call the plain projections.
                 merge_lora=True,
             )
-            # A model with encoders (a vision tower) serves its text decoder.
-            backbone = served_backbone(backbone, manifest)
+            backbone = self.served_backbone(backbone, manifest)
         if self.vllm_config.cache_config.enable_prefix_caching and not (
             prefix_cacheable(backbone)
         ):
@@ -112,6 +111,11 @@ class KerasVllmForCausalLM(nnx.Module):
             self.attention_layers,
             self.dtype_name,
         )
+
+    def served_backbone(self, backbone, manifest):
+        """The backbone this class runs: a model with encoders (a vision
+        tower) serves its text decoder here."""
+        return served_backbone(backbone, manifest)
 
     @property
     def artifact_path(self):
