@@ -7,7 +7,7 @@ once; the rest of `keras_vllm.format` (and nothing outside it) spells them.
 FORMAT_NAME = "keras_vllm"
 # The major version changes when a reader of an older version could
 # misread an artifact; the minor version when fields are only added.
-FORMAT_VERSION = (1, 9)
+FORMAT_VERSION = (1, 10)
 
 # vLLM-facing names. Chosen so they cannot collide with keras-hub 0.32's own
 # plugin, which registers `keras_hub` / `KerasHubForCausalLM`.
@@ -102,7 +102,8 @@ VARIABLE_PATH_PATTERN = r"[A-Za-z0-9_]{1,200}(/[A-Za-z0-9_]{1,200}){0,31}"
 # inside it, `factor_dtype`), 1.6 `modalities`. 1.7 adds no manifest field:
 # config.json's per-kind KV cache fields (`format.vllm_files`); 1.8
 # `prefix_caching`. 1.9 adds no top-level field: `modalities.image`
-# (`format.image_settings`).
+# (`format.image_settings`). 1.10 adds no manifest field: config.json's
+# recurrent-state layers (`format.state_layers`).
 MANIFEST_FIELDS = (
     "format",
     "format_version",
