@@ -121,7 +121,8 @@ def test_engine_allocates_each_layers_cache(served):
         if getattr(s, "recurrent", False):
             arrays = got["shapes"][theirs[i]]
             assert [a[1:] for a in arrays] == [list(x) for x in s.shapes], i
-            assert arrays[0][0] == arrays[1][0] > seqs, arrays
+            assert len({a[0] for a in arrays}) == 1, arrays
+            assert arrays[0][0] > seqs, arrays
     # Layers whose padded cache rows differ get differently shaped caches.
     padded = {
         theirs[i]: (s.num_kv_heads, capacity.padded_head_dim(s.head_dim))
