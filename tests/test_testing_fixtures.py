@@ -151,6 +151,15 @@ def test_generate_matches_greedy_reference(trained, request):
                 "the wrong offset",
             )
         )
+    if family == "qwen3_5":
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="KerasHub Qwen 3.5 cached decoding lets padding into "
+                "the linear layers' state and feeds the last prompt token "
+                "twice",
+            )
+        )
     tokenizer = causal_lm.preprocessor.tokenizer
     special = set(tokenizer.special_token_ids)
     for prompt in testing.prompts()[:2]:

@@ -118,6 +118,14 @@ def kv_cache_lines(artifact):
             f"{_size(unshared)} with one cache per layer)"
         )
     lines.append(line)
+    state = capacity.state_bytes_per_sequence(config)
+    if state:
+        # Not per token: a fixed size per running sequence (format 1.10).
+        lines.append(
+            f"recurrent state {len(config['recurrent_state_layers'])} "
+            f"layers, {_size(state)} per sequence (one slot per running "
+            "sequence, whatever its length)"
+        )
     return lines
 
 

@@ -22,6 +22,28 @@ def has_initial_state(query_start_loc, seq_lens):
     return (seq_lens[: query_lens.shape[0]] - query_lens) > 0
 
 
+def fresh_conv_windows(conv_state, state_indices, initial, distribution):
+    """`conv_state` with the slots of new requests zeroed.
+
+    `ragged_conv1d` honours `has_initial_state` only on its mixed-prefill
+    path: when every request of a step has one token (decodes, and a new
+    one-token prompt among them), its decode-only path reads each slot as
+    it is, so a one-token prompt would convolve with the window a finished
+    request left in its slot. The delta-rule reference masks its initial
+    state itself.
+    """
+    import jax.numpy as jnp
+
+    requests = jnp.arange(state_indices.shape[0])
+    # Padding rows (past the step's requests) keep their slot as it is.
+    fresh = (~initial) & (requests < distribution[2])
+    windows = conv_state[state_indices]
+    windows = jnp.where(fresh[:, None, None], 0, windows).astype(
+        conv_state.dtype
+    )
+    return conv_state.at[state_indices].set(windows)
+
+
 def conv1d_gdn(
     mixed_qkv,
     b,
@@ -62,6 +84,9 @@ def conv1d_gdn(
     del read_state_indices  # equal to state_indices without prefix caching
     initial = has_initial_state(query_start_loc, seq_lens)
     initial = initial[: state_indices.shape[0]]
+    conv_state = fresh_conv_windows(
+        conv_state, state_indices, initial, distribution
+    )
     mixed_qkv, new_conv_state = ragged_conv1d_jax.ragged_conv1d(
         mixed_qkv,
         conv_state,

@@ -206,6 +206,17 @@ def refusal(causal_lm):
     except UnsupportedModelError as e:
         problems.append(str(e))
     if not problems:
+        # A decoder keras-vllm runs whose family still names a piece it
+        # has not verified (`registry.register_missing_capabilities`).
+        from keras_vllm.layers import swap
+
+        registered = swap.missing_capabilities(causal_lm.backbone)
+        if registered:
+            problems.append(
+                f"{type(causal_lm).__name__} cannot be served: Missing "
+                "capability: " + "; ".join(registered) + "."
+            )
+    if not problems:
         return None
     prefix = f"{type(causal_lm).__name__} cannot be served: "
     problems = [p.removeprefix(prefix).removeprefix("Also: ") for p in problems]

@@ -12,6 +12,13 @@ layers of a uniform model; `global_head_dim`, and with
 (format 1.7). The last `num_kv_shared_layers` layers get no cache: each
 reads the last earlier cache of its kind. So a model may mix two shapes,
 one per kind of layer; other mixes are refused.
+
+Layers with a recurrent state (format 1.10) count among the layers
+(`num_hidden_layers`, vLLM's `layer.{i}`) and are listed by
+`recurrent_state_layers`, with their one state layout
+(`recurrent_state_shapes`, `recurrent_state_dtypes`): keras-vllm's runner
+patch gives them vLLM state slots instead of KV caches
+(`keras_vllm.serve.worker.state_caches`).
 """
 
 from keras_vllm.errors import UnsupportedModelError
@@ -34,6 +41,40 @@ def kv_layout(backbone):
     return layout_fields(specs)
 
 
+def state_fields(specs):
+    """The 1.10 `config.json` fields of the layers with a recurrent state
+    among `specs` (one spec per layer with per-sequence memory), or {}.
+
+    Raises:
+        UnsupportedModelError: state layers of different layouts (vLLM's
+            hybrid allocator pads every page to one state size), or a model
+            with state layers only.
+    """
+    layers = [
+        i for i, spec in enumerate(specs) if getattr(spec, "recurrent", False)
+    ]
+    if not layers:
+        return {}
+    first = specs[layers[0]]
+    if any(specs[i] != first for i in layers):
+        raise UnsupportedModelError(
+            "Layers with a recurrent state of different shapes or dtypes are "
+            "not supported: vLLM's hybrid cache pads every layer's page to "
+            "one state layout."
+        )
+    if len(layers) == len(specs):
+        raise UnsupportedModelError(
+            "A model whose every layer keeps a recurrent state (no attention "
+            "layer) is not supported: vLLM's hybrid cache sizes its pages "
+            "from the attention layers."
+        )
+    return {
+        "recurrent_state_layers": layers,
+        "recurrent_state_shapes": [list(shape) for shape in first.shapes],
+        "recurrent_state_dtypes": [str(dtype) for dtype in first.dtypes],
+    }
+
+
 def _shape(spec):
     return spec.num_query_heads, spec.num_kv_heads, spec.head_dim
 
@@ -47,13 +88,16 @@ def layout_fields(specs):
     """
     from keras_vllm.layers.common.base import cache_sources
 
+    state = state_fields(specs)
+    layers = len(specs)
+    specs = [s for s in specs if not getattr(s, "recurrent", False)]
     sources = cache_sources(specs)
     windows = [spec.sliding_window for spec in specs]
     sliding = [s for s in specs if s.sliding_window is not None]
     full = [s for s in specs if s.sliding_window is None]
     base = sliding[0] if sliding else specs[0]
     fields = {
-        "num_hidden_layers": len(specs),
+        "num_hidden_layers": layers,
         "num_attention_heads": base.num_query_heads,
         "num_key_value_heads": base.num_kv_heads,
         "head_dim": base.head_dim,
@@ -93,4 +137,11 @@ def layout_fields(specs):
         )
     if shared:
         fields["num_kv_shared_layers"] = shared
+    if state and (sliding or shared):
+        raise UnsupportedModelError(
+            "Layers with a recurrent state together with sliding-window or "
+            "KV-sharing attention layers are not supported: vLLM numbers "
+            "their caches by layer_types."
+        )
+    fields.update(state)
     return fields

@@ -105,7 +105,9 @@ VARIABLE_PATH_PATTERN = r"[A-Za-z0-9_]{1,200}(/[A-Za-z0-9_]{1,200}){0,31}"
 # inside it, `factor_dtype`), 1.6 `modalities`. 1.7 adds no manifest field:
 # config.json's per-kind KV cache fields (`format.vllm_files`); 1.8
 # `prefix_caching`. 1.9 adds no top-level field: `modalities.image`
-# (`format.image_settings`).
+# (`format.image_settings`). 1.10 adds no manifest field: config.json's
+# recurrent-state layers (`format.state_layers`) and `"image"` in
+# `modalities.served` (with its architecture, `IMAGE_ARCHITECTURE`).
 MANIFEST_FIELDS = (
     "format",
     "format_version",

@@ -22,6 +22,7 @@ from keras_vllm.format.names import GENERATION_CONFIG_FILE
 from keras_vllm.format.names import IMAGE_ARCHITECTURE
 from keras_vllm.format.names import MAX_DIM
 from keras_vllm.format.names import MODEL_TYPE
+from keras_vllm.format import state_layers
 
 _INT = "int"
 
@@ -47,6 +48,10 @@ _VLLM_CONFIG_KEYS = {
     "attention_k_eq_v": bool,
     "num_global_key_value_heads": _INT,
     "num_kv_shared_layers": _INT,
+    # 1.10: layers with a recurrent state (`format.state_layers`).
+    "recurrent_state_layers": list,
+    "recurrent_state_shapes": list,
+    "recurrent_state_dtypes": list,
 }
 # The keys of format 1.7 (refused in older artifacts, which never had them).
 _KV_KEYS_1_7 = (
@@ -280,6 +285,9 @@ def check_vllm_config(config, manifest, vocab):
     if "sliding_window" in config:
         _positive(config["sliding_window"], f"{what}: 'sliding_window'")
     _check_kv_kinds(config, manifest)
+    state_layers.validate(
+        config, manifest.get("format_version", ()), what
+    )
     check_id_list(config["eos_token_id"], vocab, f"{what}: 'eos_token_id'", 1000)
     check_token_id(config.get("bos_token_id"), vocab, f"{what}: 'bos_token_id'")
     check_token_id(config.get("pad_token_id"), vocab, f"{what}: 'pad_token_id'")

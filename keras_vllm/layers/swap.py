@@ -109,44 +109,32 @@ def check_servable(backbone):
         )
 
 
-def check_no_recurrent_state(backbone):
-    """Raises `UnsupportedModelError` when a layer keeps a recurrent state.
+def memory_spec(paged_cls, layer):
+    """What one layer keeps per sequence: its `StateSpec` for a layer with
+    a recurrent state, else its `KVCacheSpec`.
 
-    Paged subclasses of such layers exist (`layers.common.recurrent_state`)
-    and run over vLLM's flat batch, but tpu-inference 0.32's runner creates
-    state caches (`MambaSpec`) only for vLLM's PyTorch models, never on the
-    JAX model path keras-vllm serves through, so no engine can hold their
-    state yet.
+    Args:
+        paged_cls: the layer's paged subclass.
+        layer: the layer (swapped or not).
     """
-    stateful = sorted({
-        type(layer).__name__
-        for layer in find_attention_layers(backbone)
-        if getattr(paged_class_for(layer), "_has_recurrent_state", False)
-    })
-    if stateful:
-        raise UnsupportedModelError(
-            f"{type(backbone).__name__} uses {', '.join(stateful)}, linear "
-            "attention with a per-sequence recurrent state. Missing "
-            "capability: recurrent state caches on the JAX model path "
-            "keras-vllm serves through (tpu-inference 0.32 allocates them, "
-            "as vLLM's MambaSpec, only for its PyTorch models)."
-        )
+    if getattr(paged_cls, "_has_recurrent_state", False):
+        return paged_cls.state_spec(layer)
+    return paged_cls.kv_cache_spec(layer)
 
 
 def kv_cache_specs(backbone):
-    """Returns one `KVCacheSpec` per attention layer, in backbone order.
+    """Returns one spec per layer with per-sequence memory, in backbone
+    order: a `KVCacheSpec` per attention layer, a `StateSpec` per layer
+    with a recurrent state (`memory_spec`).
 
     Raises:
-        UnsupportedModelError: an attention layer has no paged subclass, or
-            a layer keeps a recurrent state (`check_no_recurrent_state`).
+        UnsupportedModelError: an attention layer has no paged subclass.
     """
     check_servable(backbone)
-    check_no_recurrent_state(backbone)
-    specs = []
-    for layer in find_attention_layers(backbone):
-        paged_cls = paged_class_for(layer)
-        specs.append(paged_cls.kv_cache_spec(layer))
-    return specs
+    return [
+        memory_spec(paged_class_for(layer), layer)
+        for layer in find_attention_layers(backbone)
+    ]
 
 
 def swap_in_paged_layers(backbone):

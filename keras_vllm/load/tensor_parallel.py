@@ -69,6 +69,15 @@ def refusal(config, size, where="this artifact"):
             "resize the token embedding to a multiple of the size) before "
             "fine-tuning.",
         )
+    if size > 1 and config.get("recurrent_state_layers"):
+        # A state layer's fused `[Q | K | V]` projection and conv channels
+        # would have to be reordered per shard (format 1.10 layers).
+        return (
+            "layers with a recurrent state are not split yet",
+            f"tensor_parallel_size={size} cannot serve {where}: its layers "
+            "with a recurrent state (linear attention) are served on one "
+            "device only for now. Serve it with tensor_parallel_size=1.",
+        )
     # Full-attention layers may have their own KV head count (format 1.7).
     global_kv = int(config.get("num_global_key_value_heads") or kv_heads)
     if shardable(heads, kv_heads, size) and shardable(heads, global_kv, size):

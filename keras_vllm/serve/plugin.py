@@ -108,6 +108,10 @@ def register():
 
     # A request back from preemption continues from its real tokens.
     resumed_tokens.install()
+    from keras_vllm.serve.worker import state_caches
+
+    # Layers with a recurrent state get vLLM state slots, not KV caches.
+    state_caches.install()
     from keras_vllm.serve.frontend import shutdown
 
     # Requests running at SIGTERM end as aborted instead of hanging.

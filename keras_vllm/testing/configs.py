@@ -28,6 +28,7 @@ FAMILIES = [
     "gpt_neo_x",
     "smollm3",
     "gpt_oss",
+    "qwen3_5",
 ]
 
 NUM_LAYERS = 2
@@ -208,7 +209,7 @@ SPECS = {
     # Qwen 3.5 (text): 3 Gated DeltaNet linear-attention layers then one
     # gated full-attention layer (q/k norm, 25% partial RoPE), as every 4
     # layers of the presets; 2 key and 4 value heads on the linear layers
-    # (the presets' 1:2 ratio). Not in `FAMILIES` until served.
+    # (the presets' 1:2 ratio).
     "qwen3_5": (
         "Qwen3_5",
         dict(

@@ -45,7 +45,7 @@ def exported(tmp_path_factory):
 
 def test_the_artifact_stores_the_image_settings(exported):
     causal_lm, manifest, _ = exported
-    assert manifest["format_version"] == [1, 10]
+    assert manifest["format_version"] == list(fmt.FORMAT_VERSION)
     settings = fmt.image_settings(manifest)
     tokenizer = causal_lm.preprocessor.tokenizer
     assert settings == {

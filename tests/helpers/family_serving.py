@@ -31,6 +31,18 @@ REFERENCE = {
     # (`serving_checks.greedy_by_cached_steps`): the reference is Keras'
     # cached decoding with the prompt at its own length, token by token.
     "phi3": serving_checks.greedy_by_cached_steps,
+    # KerasHub's cached `generate()` for Qwen 3.5 lets padding into the
+    # linear layers' state and feeds the last prompt token twice.
+    "qwen3_5": reference.greedy_by_forward_pass,
+}
+
+# Engine settings per family, on top of `engine_shapes.ENGINE_KWARGS`.
+# Qwen 3.5 keeps a recurrent state per sequence: 4 state slots for the 9
+# serving prompts (the others queue) and a 32-token step budget, shorter
+# than the longest prompts (their prefill is chunked, the state carried
+# from chunk to chunk).
+ENGINE_KWARGS = {
+    "qwen3_5": {"max_num_seqs": 4, "max_num_batched_tokens": 32},
 }
 
 
@@ -42,7 +54,8 @@ def served_fixture(families):
         family = request.param
         model = trained(family)
         engine = serving_checks.start_engine(
-            model, tmp_path_factory.mktemp(family) / "artifact"
+            model, tmp_path_factory.mktemp(family) / "artifact",
+            **ENGINE_KWARGS.get(family, {}),
         )
         yield family, model, engine
         serving_checks.shutdown(engine)
@@ -100,10 +113,21 @@ def test_engine_allocates_each_layers_cache(served):
     for i in range(len(specs)):
         for j in range(len(specs)):
             assert (ours[i] == ours[j]) == (theirs[i] == theirs[j]), (i, j)
+    # A layer with a recurrent state gets its declared state arrays, with
+    # a slot per request row of the runner's batch (`max_num_seqs` rounded
+    # up to its request bucket) plus vLLM's null slot.
+    seqs = engine.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
+    for i, s in enumerate(specs):
+        if getattr(s, "recurrent", False):
+            arrays = got["shapes"][theirs[i]]
+            assert [a[1:] for a in arrays] == [list(x) for x in s.shapes], i
+            assert len({a[0] for a in arrays}) == 1, arrays
+            assert arrays[0][0] > seqs, arrays
     # Layers whose padded cache rows differ get differently shaped caches.
     padded = {
         theirs[i]: (s.num_kv_heads, capacity.padded_head_dim(s.head_dim))
         for i, s in enumerate(specs)
+        if not getattr(s, "recurrent", False)
     }
     for a in padded:
         for b in padded:

@@ -210,3 +210,50 @@ def test_cached_generate_is_not_the_forward_pass():
         "token_ids": prompt[None], "padding_mask": np.ones((1, 6), "int32"),
     }))[0, -1]
     assert np.abs(cached - forward).max() > 1e-2
+
+
+def test_one_token_prompt_in_a_decode_step_starts_from_a_fresh_state(patched):
+    """tpu-inference's runner counts a request of one scheduled token as a
+    decode, so a new one-token prompt can arrive in a decode-only step
+    (`request_distribution[0] == [2]`), where `ragged_conv1d` takes its
+    decode path and reads the slot as it is. The CPU kernel zeroes new
+    requests' conv windows first: the output equals a run on zeroed state,
+    whatever a finished request left in the slot."""
+    from keras_vllm.cpu.gated_delta_rule import conv1d_gdn
+
+    n_kq, n_v, d_k, d_v, kernel = 1, 2, 4, 4, 4
+    dim = 2 * n_kq * d_k + n_v * d_v
+    rng = np.random.default_rng(2)
+
+    def run(conv_state, recurrent_state):
+        return conv1d_gdn(
+            jnp.asarray(rng_x, jnp.float32),
+            jnp.asarray(rng_b, jnp.float32),
+            jnp.asarray(rng_a, jnp.float32),
+            conv_state,
+            recurrent_state,
+            jnp.asarray(weight, jnp.float32),
+            None,
+            jnp.zeros((n_v,), jnp.float32),
+            jnp.zeros((n_v,), jnp.float32),
+            jnp.asarray([0, 1, 1], jnp.int32),  # one request, one token
+            jnp.asarray([2, 0], jnp.int32),  # its slot; a padding row
+            jnp.asarray([1, 1, 1], jnp.int32),  # decode-only step
+            jnp.asarray([1, 0], jnp.int32),  # new: seq_len 1
+            jnp.asarray([2, 0], jnp.int32),
+            n_kq=n_kq, n_v=n_v, d_k=d_k, d_v=d_v, kernel_size=kernel,
+        )
+
+    rng_x = rng.standard_normal((1, dim))
+    rng_b = rng.standard_normal((1, n_v))
+    rng_a = rng.standard_normal((1, n_v))
+    weight = rng.standard_normal((dim, 1, kernel))
+    conv_shape, state_shape = (3, kernel - 1, dim), (3, n_v, d_k, d_v)
+    stale = run(
+        jnp.asarray(rng.standard_normal(conv_shape), jnp.float32),
+        jnp.asarray(rng.standard_normal(state_shape), jnp.float32),
+    )
+    fresh = run(jnp.zeros(conv_shape), jnp.zeros(state_shape))
+    np.testing.assert_allclose(stale[1], fresh[1], atol=1e-6)
+    np.testing.assert_allclose(stale[0][0][2], fresh[0][0][2], atol=1e-6)
+    np.testing.assert_allclose(stale[0][1][2], fresh[0][1][2], atol=1e-6)

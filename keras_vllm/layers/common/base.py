@@ -138,7 +138,7 @@ class PagedAttention:
             query[:, 0],
             key[:, 0],
             value[:, 0],
-            context.attention_metadata,
+            context.metadata(layer),
         )
         if alibi_slopes is not None:
             from keras_vllm.layers.common.alibi_attention import paged_alibi_attention
@@ -207,6 +207,8 @@ class PagedPositionLayer:
 
 
 def _kind(spec):
+    if getattr(spec, "recurrent", False):
+        return "state"
     return "full" if spec.sliding_window is None else "sliding"
 
 

@@ -19,7 +19,12 @@ class ServingContext:
 
     Args:
         kv_caches: list of KV cache arrays, one per attention layer.
-        attention_metadata: tpu-inference's `AttentionMetadata`.
+        attention_metadata: tpu-inference's `AttentionMetadata`, or its
+            `GroupedAttentionMetadata` (`{"layer.{i}": AttentionMetadata}`)
+            when vLLM made several KV cache groups (layers with a recurrent
+            state beside attention layers): each group has its own block
+            tables, the rest is the step's. `attention_metadata` is then
+            the first layer's; `metadata(layer)` is each layer's own.
         positions: int32 array `[T]`, each token's position in its sequence.
         mesh: the device mesh the model runs on.
         lora_slots: int32 array `[T]`, each token's LoRA adapter slot (0:
@@ -39,6 +44,10 @@ class ServingContext:
         self.kv_caches = list(kv_caches)
         self.attend_until = attend_until
         self.lora_slots = lora_slots
+        self._grouped = None
+        if isinstance(attention_metadata, dict):
+            self._grouped = attention_metadata
+            attention_metadata = attention_metadata[_layer_name(0)]
         self.attention_metadata = attention_metadata
         self.positions = positions
         self.mesh = mesh
@@ -106,6 +115,14 @@ class ServingContext:
         offsets = jnp.arange(replicas, dtype=request.dtype)[:, None]
         return jnp.reshape(request + offsets * per_replica, (-1,))
 
+    def metadata(self, layer):
+        """The attention metadata of layer `layer` (vLLM's `layer.{i}`):
+        its KV cache group's block tables with the step's positions,
+        sequence lengths and state slots."""
+        if self._grouped is None:
+            return self.attention_metadata
+        return self._grouped[_layer_name(layer)]
+
     def _index(self, layer):
         index = (
             self.cache_of_layer[layer]
@@ -156,6 +173,11 @@ class ServingContext:
                 + " were not written exactly once this step; the layers "
                 "sharing caches disagree with vLLM's cache map."
             )
+
+
+def _layer_name(index):
+    # The JAX model path names vLLM's layers `layer.{i}`.
+    return f"layer.{index}"
 
 
 def current_context():

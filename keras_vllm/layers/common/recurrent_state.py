@@ -37,6 +37,12 @@ class StateSpec:
     shapes: tuple
     dtypes: tuple
 
+    # Read by the cache bookkeeping shared with `KVCacheSpec`: a state is
+    # never shared and never windowed.
+    recurrent = True
+    shares_cache = False
+    sliding_window = None
+
     def bytes_per_sequence(self):
         """The state's size for one sequence, in bytes."""
         import numpy as np
@@ -114,7 +120,7 @@ class PagedRecurrentState:
         from keras_vllm.layers.common.paged_attention import _resolve_mesh
 
         context = require_context(self)
-        metadata = context.attention_metadata
+        metadata = context.metadata(self.kv_layer_index)
         conv_state, recurrent_state = context.read_cache(self.kv_layer_index)
         kernel_size = int(conv_weight.shape[-1])
         (new_conv, new_recurrent), out = run_jax_gdn_attention(

@@ -57,11 +57,33 @@ def cache_shapes(config):
     )
     global_dim = int(config.get("global_head_dim") or head_dim)
     owned = layers - int(config.get("num_kv_shared_layers") or 0)
+    state = set(config.get("recurrent_state_layers") or ())
     return [
         (kv_heads, head_dim) if kind == "sliding_attention"
         else (global_kv, global_dim)
-        for kind in types[:owned]
+        for index, kind in enumerate(types[:owned])
+        if index not in state
     ]
+
+
+def state_bytes_per_sequence(config):
+    """Bytes of recurrent state one sequence keeps, over all the layers
+    with a recurrent state (format 1.10; 0 without): vLLM holds one such
+    slot per sequence the engine runs at once (`max_num_seqs`), plus one.
+
+    Example:
+
+    >>> state_bytes_per_sequence(json.load(open("config.json")))
+    """
+    layers = len(config.get("recurrent_state_layers") or ())
+    per_layer = sum(
+        int(np.prod(shape)) * _itemsize(dtype)
+        for shape, dtype in zip(
+            config.get("recurrent_state_shapes") or (),
+            config.get("recurrent_state_dtypes") or (),
+        )
+    )
+    return layers * per_layer
 
 
 def _kinds(config):
@@ -96,9 +118,14 @@ def kv_by_kind(config, dtype):
     """
     itemsize = _itemsize(dtype)
     kinds = _kinds(config)
-    shapes = cache_shapes(config)
+    # The layers that allocate their own cache (the last
+    # `num_kv_shared_layers` read an earlier one's).
+    owned = len(kinds) - int(config.get("num_kv_shared_layers") or 0)
+    state = set(config.get("recurrent_state_layers") or ())
     rows = {}
     for index, kind in enumerate(kinds):
+        if index in state:
+            continue
         if kind not in rows:
             kv_heads, head_dim = _shape_of_kind(config, kind)
             per_cache = 2 * kv_heads * padded_head_dim(head_dim) * itemsize
@@ -111,7 +138,7 @@ def kv_by_kind(config, dtype):
         row = rows[kind]
         row["layers"] += 1
         row["unshared_bytes"] += row["_per_cache"]
-        if index < len(shapes):
+        if index < owned:
             row["caches"] += 1
             row["bytes"] += row["_per_cache"]
     for row in rows.values():
@@ -122,7 +149,7 @@ def kv_by_kind(config, dtype):
 def _shape_of_kind(config, kind):
     """`(num_kv_heads, head_dim)` of a layer kind's caches."""
     only = dict(config, layer_types=[kind], num_hidden_layers=1,
-                num_kv_shared_layers=0)
+                num_kv_shared_layers=0, recurrent_state_layers=[])
     return cache_shapes(only)[0]
 
 

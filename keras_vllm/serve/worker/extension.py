@@ -133,12 +133,20 @@ class KerasVllmWorkerExtension:
 
         Returns:
             A dict: `"shapes"`, the shape of each cache array (in vLLM's
-            list order); `"layers"`, `{"layer.{i}": cache index}` (layers
-            that share a cache point at their source's).
+            list order; a layer with a recurrent state has a list of its
+            state arrays' shapes, each `[slots, *state shape]`);
+            `"layers"`, `{"layer.{i}": cache index}` (layers that share a
+            cache point at their source's).
         """
         runner = self.model_runner
+
+        def shape(cache):
+            if isinstance(cache, (tuple, list)):
+                return [list(array.shape) for array in cache]
+            return list(cache.shape)
+
         return {
-            "shapes": [list(cache.shape) for cache in runner.kv_caches],
+            "shapes": [shape(cache) for cache in runner.kv_caches],
             "layers": dict(runner.layer_name_to_kvcache_index),
         }
 

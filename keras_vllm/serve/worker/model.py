@@ -22,6 +22,7 @@ from keras_vllm.export.capabilities import backbone_input_names
 from keras_vllm.layers.common.base import cache_of_layer
 from keras_vllm.layers.common.context import ServingContext
 from keras_vllm.layers.common.context import serving_context
+from keras_vllm.layers.swap import memory_spec
 from keras_vllm.layers.swap import prefix_cacheable
 from keras_vllm.layers.swap import swap_in_paged_layers
 from keras_vllm.load.keras_loader import build_backbone
@@ -86,8 +87,11 @@ class KerasVllmForCausalLM(nnx.Module):
         self.attention_layers = len(attention)
         # Which cache each layer uses when vLLM passes no map (layers that
         # share a cache read their source's).
+        # (A layer with a recurrent state has its own state slots.)
         self.default_cache_of_layer = tuple(
-            cache_of_layer([layer.kv_cache_spec() for layer in attention])
+            cache_of_layer(
+                [memory_spec(type(layer), layer) for layer in attention]
+            )
         )
         # vLLM's positions go in as `position_ids` too, for backbones that
         # take them (their rotary layers read the input).
@@ -165,13 +169,20 @@ class KerasVllmForCausalLM(nnx.Module):
         *args,
         **kwargs,
     ):
-        positions = attention_metadata.input_positions
+        # Several KV cache groups (attention beside recurrent-state
+        # layers): a dict of per-layer metadata, positions the same in all.
+        first = (
+            attention_metadata["layer.0"]
+            if isinstance(attention_metadata, dict) else attention_metadata
+        )
         context = ServingContext(
-            kv_caches, attention_metadata, positions, mesh=self.mesh,
+            kv_caches, attention_metadata, first.input_positions,
+            mesh=self.mesh,
             lora_slots=token_slots(lora_metadata, input_ids.shape[0])
             if getattr(self, "lora_layers", 0) else None,
             cache_of_layer=self._cache_of_layer(layer_name_to_kvcache_index),
         )
+        positions = context.positions
         # vLLM's T tokens run as T sequences of one token: the backbone's
         # masks stay [T, 1, 1] and positions come from the context.
         token_ids = ops.expand_dims(input_ids, axis=-1)
