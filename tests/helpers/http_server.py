@@ -61,7 +61,7 @@ def running_server(command, log_path, timeout, cwd=None):
                     pytest.fail(
                         "The server did not start:\n" + log.read()[-5000:]
                     )
-                time.sleep(2)
+                time.sleep(0.2)
             yield url
         finally:
             process.terminate()
