@@ -65,12 +65,19 @@ def measure(path, prompts, max_tokens, **engine_kwargs):
 
 
 def size_arguments(description, prompts):
-    """The command line of a benchmark over parallel sizes (`--family`,
-    `--sizes`, `--prompts`, `--max-tokens`), parsed."""
+    """The command line of a benchmark over parallel sizes (`--family` or
+    `--model`, `--sizes`, `--prompts`, `--max-tokens`), parsed."""
     import argparse
+
+    from keras_vllm.bench import models
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--family", default="llama")
+    parser.add_argument(
+        "--model", choices=sorted(models.MODELS),
+        help="one of the main benchmark's models (`bench.models`) instead "
+        "of the family's tiny test model",
+    )
     parser.add_argument("--sizes", default="1,2")
     parser.add_argument("--prompts", type=int, default=prompts)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -78,16 +85,22 @@ def size_arguments(description, prompts):
 
 
 def measure_sizes(args, setting):
-    """Exports a tiny model of `args.family` once and measures an engine
-    per size of `args.sizes`, passing `setting=size` to it.
+    """Exports a tiny model of `args.family` (or `args.model` of
+    `bench.models`) once and measures an engine per size of `args.sizes`,
+    passing `setting=size` to it.
 
     Returns:
         `[(size, start_seconds, output_tokens_per_second,
         per_device_bytes)]`.
     """
     from keras_vllm import testing
+    from keras_vllm.bench import models
 
-    path = export(testing.build_tiny_causal_lm(args.family))
+    if args.model:
+        args.family = f"{args.model} model ({models.MODELS[args.model]['family']})"
+        path = export(models.build(args.model))
+    else:
+        path = export(testing.build_tiny_causal_lm(args.family))
     prompts = corpus_prompts(args.prompts)
     return [
         (size, *measure(path, prompts, args.max_tokens, **{setting: size}))
