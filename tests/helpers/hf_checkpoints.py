@@ -302,10 +302,11 @@ _SPLIT = (
 
 
 def write_full_tokenizer_json(directory):
-    """Rewrites the checkpoint's minimal byte-level BPE `tokenizer.json`
-    (vocabulary, merges, added tokens) as Hugging Face's `tokenizers`
-    writes a Llama 3 / Qwen2 one: with its normalizer, pre-tokenizer and
-    decoder, loadable by `tokenizers.Tokenizer.from_file`."""
+    """Rewrites the checkpoint's minimal `tokenizer.json` (vocabulary,
+    merges, added tokens) as Hugging Face's `tokenizers` writes it: a
+    byte-level BPE one as Llama 3 / Qwen2 have it, a SentencePiece-style
+    one (byte fallback) as Gemma 4 has it; with its normalizer,
+    pre-tokenizer and decoder, loadable by `tokenizers.Tokenizer.from_file`."""
     import tokenizers
     from tokenizers import decoders
     from tokenizers import models
@@ -314,6 +315,8 @@ def write_full_tokenizer_json(directory):
     path = os.path.join(directory, "tokenizer.json")
     with open(path, encoding="utf-8") as f:
         minimal = json.load(f)
+    if minimal["model"].get("byte_fallback"):
+        return _write_full_sentence_piece_json(minimal, path)
     tokenizer = tokenizers.Tokenizer(
         models.BPE(
             vocab=minimal["model"]["vocab"],
@@ -327,6 +330,32 @@ def write_full_tokenizer_json(directory):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(
+        [t["content"] for t in minimal.get("added_tokens", ())]
+    )
+    tokenizer.save(path)
+
+
+def _write_full_sentence_piece_json(minimal, path):
+    """The SentencePiece-style `tokenizer.json` (Gemma 4's) as `tokenizers`
+    writes it: spaces as "▁", byte-fallback pieces decoded to bytes."""
+    import tokenizers
+    from tokenizers import decoders
+    from tokenizers import models
+    from tokenizers import normalizers
+
+    tokenizer = tokenizers.Tokenizer(
+        models.BPE(
+            vocab=minimal["model"]["vocab"],
+            merges=[tuple(m) for m in minimal["model"]["merges"]],
+            byte_fallback=True,
+        )
+    )
+    tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+    tokenizer.decoder = decoders.Sequence([
+        decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+        decoders.Fuse(),
+    ])
     tokenizer.add_special_tokens(
         [t["content"] for t in minimal.get("added_tokens", ())]
     )

@@ -33,12 +33,20 @@ def write_sentence_piece_json(layout, directory):
     kinds = sentencepiece_model_pb2.ModelProto.SentencePiece
     vocabulary = {p.piece: i for i, p in enumerate(proto.pieces)}
     merges = []
-    for p in proto.pieces:
+    for i, p in enumerate(proto.pieces):
         if p.type != kinds.NORMAL or len(p.piece) < 2:
             continue
+        # A split into parts that exist before this piece (single
+        # characters, or pieces of a higher score): what SentencePiece
+        # merged, so that the merges' ranks reach every piece.
         for k in range(1, len(p.piece)):
-            if p.piece[:k] in vocabulary and p.piece[k:] in vocabulary:
-                merges.append([p.piece[:k], p.piece[k:]])
+            parts = (p.piece[:k], p.piece[k:])
+            if all(
+                part in vocabulary
+                and (len(part) == 1 or vocabulary[part] < i)
+                for part in parts
+            ):
+                merges.append(list(parts))
                 break
     added = [
         {"id": i, "content": p.piece, "special": True}
