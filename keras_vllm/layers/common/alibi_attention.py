@@ -10,7 +10,8 @@ everything with the default path except the kernel:
   `KVCacheSpec` (default RPA v3 layout, or the head_dim == 64 layout);
 * the same head-dim padding, metadata (`seq_lens`, `block_tables`,
   `query_start_loc`, `request_distribution`) and `jax.shard_map` over the
-  mesh's attention-head axis as tpu-inference's `attention()`;
+  mesh's attention-head axis as tpu-inference's `attention()`
+  (`jax_kernel_attention`, shared with `span_attention`);
 * the kernel is the pure-JAX `keras_vllm.kernels.ragged_paged_attention`
   (the one the CPU backend runs for every family) with `alibi_slopes`, so
   logits are
@@ -32,11 +33,11 @@ for long prefills and large batches).
 
 import math
 
-import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
-from keras_vllm import kernels
+from keras_vllm.layers.common.jax_kernel_attention import (
+    sharded_kernel_attention,
+)
 
 
 def alibi_slopes(num_heads, max_bias=8.0):
@@ -81,59 +82,19 @@ def paged_alibi_attention(
     units, added as `slope * (k_pos - q_pos)` after `sm_scale`).
     """
     from tpu_inference.layers.common.sharding import ShardingAxisName
-    from tpu_inference.utils import get_mesh_shape_product
-    from tpu_inference.utils import get_padded_head_dim
 
-    from keras_vllm.layers.common.paged_attention import _resolve_mesh
-
-    head_dim = query.shape[-1]
-    padded_dim = get_padded_head_dim(head_dim)
-    if padded_dim != head_dim:
-        # Zero padding is exact (see `paged_attention`).
-        pad = [(0, 0), (0, 0), (0, padded_dim - head_dim)]
-        query = jnp.pad(query, pad)
-        key = jnp.pad(key, pad)
-        value = jnp.pad(value, pad)
     slopes = jnp.asarray(alibi_slopes, jnp.float32)
     if slopes.shape != (query.shape[1],):
         raise ValueError(
             f"Expected {query.shape[1]} ALiBi slopes (one per query head), "
             f"got {slopes.shape[0]}."
         )
-    mesh = _resolve_mesh(mesh)
-
-    # As tpu-inference's `sharded_ragged_paged_attention`: replicate KV
-    # heads up to the head-axis size, then shard every head axis over it.
-    tp_size = get_mesh_shape_product(mesh, ShardingAxisName.ATTN_HEAD)
-    num_kv_heads = key.shape[1]
-    if tp_size > 1 and num_kv_heads < tp_size:
-        key = jnp.repeat(key, tp_size // num_kv_heads, axis=1)
-        value = jnp.repeat(value, tp_size // num_kv_heads, axis=1)
-    md = attention_metadata
-    qkv_spec = P(ShardingAxisName.ATTN_DATA, ShardingAxisName.ATTN_HEAD, None)
-    cache_spec = P(
-        ShardingAxisName.ATTN_DATA, None, ShardingAxisName.ATTN_HEAD, None, None
+    # Each shard gets its heads' slopes, split like the queries.
+    return sharded_kernel_attention(
+        kv_cache, query, key, value, attention_metadata, mesh=mesh,
+        per_call=("alibi_slopes", slopes, ShardingAxisName.ATTN_HEAD),
+        sm_scale=sm_scale,
     )
-    data_spec = P(ShardingAxisName.ATTN_DATA)
-
-    def kernel(q, k, v, cache, kv_lens, page_indices, cu_q_lens,
-               distribution, slopes):
-        # One shard: its heads' slopes arrive sharded like the queries.
-        return kernels.ragged_paged_attention(
-            q, k, v, cache, kv_lens, page_indices, cu_q_lens, distribution,
-            sm_scale=sm_scale, alibi_slopes=slopes, hd64=padded_dim == 64)
-
-    out, new_cache = jax.shard_map(
-        kernel,
-        mesh=mesh,
-        in_specs=(qkv_spec, qkv_spec, qkv_spec, cache_spec, data_spec,
-                  data_spec, data_spec, data_spec,
-                  P(ShardingAxisName.ATTN_HEAD)),
-        out_specs=(qkv_spec, cache_spec),
-        check_vma=False,
-    )(query, key, value, kv_cache, md.seq_lens, md.block_tables,
-      md.query_start_loc, md.request_distribution, slopes)
-    return new_cache, out[..., :head_dim]
 
 
 __all__ = [
