@@ -30,10 +30,8 @@ from keras import ops
 from keras_vllm import format as fmt
 from keras_vllm.errors import ServingError
 from keras_vllm.layers.common import image_inputs
-from keras_vllm.layers.common.context import ServingContext
 from keras_vllm.layers.common.context import serving_context
 from keras_vllm.serve.multimodal.processor import register_processor
-from keras_vllm.serve.worker.adapter_slots import token_slots
 from keras_vllm.serve.worker.model import KerasVllmForCausalLM
 
 # The jitted vision encoder of each served artifact (`_encoder`).
@@ -162,14 +160,12 @@ class KerasVllmForConditionalGeneration(KerasVllmForCausalLM):
         *args,
         **kwargs,
     ):
-        positions = attention_metadata.input_positions
-        num_tokens = positions.shape[0]
-        context = ServingContext(
-            kv_caches, attention_metadata, positions, mesh=self.mesh,
-            lora_slots=token_slots(lora_metadata, num_tokens)
-            if getattr(self, "lora_layers", 0) else None,
-            cache_of_layer=self._cache_of_layer(layer_name_to_kvcache_index),
+        context = self._serving_context(
+            kv_caches, attention_metadata, lora_metadata,
+            layer_name_to_kvcache_index,
         )
+        positions = context.positions
+        num_tokens = positions.shape[0]
         if inputs_embeds is None:
             inputs_embeds = self.embed_input_ids(input_ids)
         elif input_ids is not None and self.bidirectional_images:

@@ -169,18 +169,9 @@ class KerasVllmForCausalLM(nnx.Module):
         *args,
         **kwargs,
     ):
-        # Several KV cache groups (attention beside recurrent-state
-        # layers): a dict of per-layer metadata, positions the same in all.
-        first = (
-            attention_metadata["layer.0"]
-            if isinstance(attention_metadata, dict) else attention_metadata
-        )
-        context = ServingContext(
-            kv_caches, attention_metadata, first.input_positions,
-            mesh=self.mesh,
-            lora_slots=token_slots(lora_metadata, input_ids.shape[0])
-            if getattr(self, "lora_layers", 0) else None,
-            cache_of_layer=self._cache_of_layer(layer_name_to_kvcache_index),
+        context = self._serving_context(
+            kv_caches, attention_metadata, lora_metadata,
+            layer_name_to_kvcache_index,
         )
         positions = context.positions
         # vLLM's T tokens run as T sequences of one token: the backbone's
@@ -198,6 +189,23 @@ class KerasVllmForCausalLM(nnx.Module):
             hidden = self.backbone(inputs, training=False)
         context.check_all_used_once()
         return context.kv_caches, hidden[:, 0, :], [], None
+
+    def _serving_context(self, kv_caches, attention_metadata, lora_metadata,
+                         layer_name_to_kvcache_index):
+        """The step's `ServingContext`, as every served model class opens it."""
+        # Several KV cache groups (attention beside recurrent-state
+        # layers): a dict of per-layer metadata, positions the same in all.
+        first = (
+            attention_metadata["layer.0"]
+            if isinstance(attention_metadata, dict) else attention_metadata
+        )
+        positions = first.input_positions
+        return ServingContext(
+            kv_caches, attention_metadata, positions, mesh=self.mesh,
+            lora_slots=token_slots(lora_metadata, positions.shape[0])
+            if getattr(self, "lora_layers", 0) else None,
+            cache_of_layer=self._cache_of_layer(layer_name_to_kvcache_index),
+        )
 
     def _cache_of_layer(self, layer_name_to_kvcache_index):
         """Each attention layer's cache index: vLLM's map (`layer.{i}` ->
