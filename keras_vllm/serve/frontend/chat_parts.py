@@ -173,7 +173,10 @@ def unreadable_image(error):
 def _served(model_config):
     path = str(model_config.model)
     if path not in _SERVED:
-        manifest = fmt.open_artifact(path).manifest
+        # The manifest alone (validated): the engine verified the artifact
+        # at start, and hashing its weights here would hold the server's
+        # event loop.
+        manifest = fmt.read_manifest(path)
         _SERVED[path] = (
             fmt.served_modalities(manifest), fmt.image_settings(manifest)
         )
