@@ -2,8 +2,10 @@
 images on the real engine (format 1.10, `modalities.served` text and image):
 a batch mixing image and text-only requests, one with two images, gives
 `generate()`'s tokens on the same images; prompt logprobs of the text tokens
-equal the Keras forward pass; bad image requests are refused by name (one
-engine for the module)."""
+equal the Keras forward pass; `engine.chat` with an `image_url` part gives
+`generate()`'s tokens on the rendered prompt; bad image requests are
+refused by name (one engine for the module). Over HTTP:
+`test_serving_images_http.py`."""
 
 import numpy as np
 import pytest
