@@ -16,6 +16,7 @@ from keras_vllm.errors import ExportError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.errors import KerasVllmError
 from keras_vllm.errors import PresetUnavailableError
+from keras_vllm.errors import RequestError
 from keras_vllm.errors import ServingError
 from keras_vllm.errors import SignatureError
 from keras_vllm.errors import UnsupportedModelError
@@ -39,6 +40,7 @@ __all__ = [
     "KerasVllmEngine",
     "KerasVllmError",
     "PresetUnavailableError",
+    "RequestError",
     "ServingError",
     "SignatureError",
     "UnsupportedModelError",

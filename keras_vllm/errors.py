@@ -42,6 +42,14 @@ class ServingError(KerasVllmError):
     """The artifact cannot be served with the requested settings."""
 
 
+class RequestError(ServingError, ValueError):
+    """A request carries input the served artifact does not take (an image
+    for a text-only model, audio or video, more images than allowed, bytes
+    that are not an image); the message names the problem and the fix. A
+    `ValueError` too, so vLLM's OpenAI server answers 400 and keeps
+    serving."""
+
+
 class ConfigurationError(KerasVllmError, ValueError):
     """A setting keras-vllm reads (a `KERAS_VLLM_*` or other environment
     variable) has a value it does not accept; the message names the

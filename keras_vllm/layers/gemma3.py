@@ -29,7 +29,6 @@ from keras_vllm.layers.common.image_inputs import register_image_model
 from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 from keras_vllm.layers.common.registry import register_text_decoder
-from keras_vllm.layers.gemma import GEMMA_CHAT_TEMPLATE
 
 
 @register_paged(CachedGemma3Attention)
@@ -66,10 +65,37 @@ class PagedGemma3Attention(CachedGemma3Attention, GemmaPagedAttention):
         out = self.output_dense(out)
         return (out, cache) if cache is not None else out
 
-# Gemma 3's instruction-tuned presets chat as Gemma's.
+# Gemma 3's instruction-tuned presets chat as Gemma's, and a message's
+# content may also be a list of parts (OpenAI chat): each image part is
+# written as the image marker where it stands, the place the preprocessor
+# expands it (`<start_of_image>`, `gemma3_image_inputs`), and each text part
+# trimmed, as Gemma 3's own chat format writes them. vLLM passes content as
+# parts to a template that loops over them; string content renders exactly
+# as `GEMMA_CHAT_TEMPLATE` does.
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% set state = namespace(system='', text='') %}"
+    "{% for m in messages %}"
+    "{% if m['content'] is string %}"
+    "{% set state.text = m['content'] | trim %}"
+    "{% else %}{% set state.text = '' %}"
+    "{% for part in m['content'] %}"
+    "{% if part['type'] == 'image' %}"
+    "{% set state.text = state.text ~ '<start_of_image>' %}"
+    "{% elif part['type'] == 'text' %}"
+    "{% set state.text = state.text ~ (part['text'] | trim) %}"
+    "{% endif %}{% endfor %}{% endif %}"
+    "{% if m['role'] == 'system' %}"
+    "{% set state.system = state.text ~ '\\n\\n' %}"
+    "{% else %}"
+    "<start_of_turn>{{ 'model' if m['role'] in ('assistant', 'model') "
+    "else 'user' }}\n{{ state.system }}{{ state.text }}"
+    "<end_of_turn>\n{% set state.system = '' %}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
 register_chat_template(
     "Gemma3Tokenizer",
-    GEMMA_CHAT_TEMPLATE,
+    GEMMA3_CHAT_TEMPLATE,
     tokens=("<start_of_turn>", "<end_of_turn>"),
 )
 

@@ -112,6 +112,10 @@ def register():
 
     # Layers with a recurrent state get vLLM state slots, not KV caches.
     state_caches.install()
+    from keras_vllm.serve.frontend import chat_parts
+
+    # Chat content parts an artifact cannot take are refused by name.
+    chat_parts.install()
     from keras_vllm.serve.frontend import shutdown
 
     # Requests running at SIGTERM end as aborted instead of hanging.

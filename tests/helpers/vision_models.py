@@ -77,3 +77,47 @@ def images(count, seed=0, sizes=((20, 24), (16, 16), (40, 12), (9, 30))):
         rng.randint(0, 256, sizes[i % len(sizes)] + (3,)).astype("float32")
         for i in range(count)
     ]
+
+
+def keras_greedy(causal_lm, prompt, images, new_tokens, length=128):
+    """`generate()` on one image prompt: `(prompt ids, new token ids)`.
+
+    The preprocessed inputs (markers expanded, images converted) go
+    straight into the model's generate step, with no stop token, so the
+    first `new_tokens` ids are greedy decoding's.
+    """
+    x = causal_lm.preprocessor.generate_preprocess(
+        {"prompts": [prompt], "images": [images] if images else None},
+        sequence_length=length,
+    )
+    prompt_ids = np.asarray(x["token_ids"])[0][np.asarray(x["padding_mask"])[0]]
+    preprocessor = causal_lm.preprocessor
+    causal_lm.preprocessor = None
+    try:
+        out = causal_lm.generate(x, stop_token_ids=None)
+    finally:
+        causal_lm.preprocessor = preprocessor
+    ids = np.asarray(out["token_ids"])[0]
+    start = len(prompt_ids)
+    return prompt_ids.tolist(), ids[start:start + new_tokens].tolist()
+
+
+def png_bytes(image):
+    """One of `images()`'s arrays as PNG bytes (lossless: the same pixels
+    reach a server that decodes it)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.asarray(image).astype("uint8")).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def data_url(image):
+    """An OpenAI `image_url` part's URL for an image: base64 PNG."""
+    import base64
+
+    return "data:image/png;base64," + base64.b64encode(
+        png_bytes(image)
+    ).decode("ascii")

@@ -2,8 +2,10 @@
 images on the real engine (format 1.10, `modalities.served` text and image):
 a batch mixing image and text-only requests, one with two images, gives
 `generate()`'s tokens on the same images; prompt logprobs of the text tokens
-equal the Keras forward pass; bad image requests are refused by name (one
-engine for the module)."""
+equal the Keras forward pass; `engine.chat` with an `image_url` part gives
+`generate()`'s tokens on the rendered prompt; bad image requests are
+refused by name (one engine for the module). Over HTTP:
+`test_serving_images_http.py`."""
 
 import numpy as np
 import pytest
@@ -46,19 +48,7 @@ def _preprocess(causal_lm, prompt, images, length=128):
 
 
 def _keras_greedy(causal_lm, prompt, images):
-    """`generate()`'s new token ids for one image prompt (the preprocessed
-    inputs straight into the model's generate step, no stop token)."""
-    x = _preprocess(causal_lm, prompt, images)
-    prompt_ids = np.asarray(x["token_ids"])[0][np.asarray(x["padding_mask"])[0]]
-    preprocessor = causal_lm.preprocessor
-    causal_lm.preprocessor = None
-    try:
-        out = causal_lm.generate(x, stop_token_ids=None)
-    finally:
-        causal_lm.preprocessor = preprocessor
-    ids = np.asarray(out["token_ids"])[0]
-    start = len(prompt_ids)
-    return prompt_ids.tolist(), ids[start:start + NEW_TOKENS].tolist()
+    return vision_models.keras_greedy(causal_lm, prompt, images, NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -156,4 +146,41 @@ def test_bad_image_requests_are_refused_by_name(served):
               "multi_modal_data": {"image": _images(0, 3)}}]
         )
     # The engine still serves.
+    assert engine.generate(["the"])[0].outputs[0].token_ids
+
+
+def test_chat_with_image_parts_matches_generate(served):
+    """`engine.chat` with an `image_url` part (a data: URL): Gemma 3's chat
+    template writes the image marker where the part stands."""
+    from vllm import SamplingParams
+
+    from keras_vllm.layers.gemma3 import GEMMA3_CHAT_TEMPLATE
+
+    model, engine = served
+    image = _images(0, 1)
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": "look at"},
+        {"type": "image_url",
+         "image_url": {"url": vision_models.data_url(image[0])}},
+        {"type": "text", "text": "now"},
+    ]}]
+    params = SamplingParams(
+        temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True
+    )
+    out = engine.chat(messages, params, chat_template=GEMMA3_CHAT_TEMPLATE)[0]
+    want_prompt, want = _keras_greedy(
+        model,
+        f"<start_of_turn>user\nlook at{MARKER}now<end_of_turn>\n"
+        "<start_of_turn>model\n",
+        image,
+    )
+    assert list(out.prompt_token_ids) == want_prompt
+    assert list(out.outputs[0].token_ids) == want
+    audio = {"type": "input_audio",
+             "input_audio": {"data": "UklGRg==", "format": "wav"}}
+    with pytest.raises(keras_vllm.RequestError, match="text and images only"):
+        engine.chat(
+            [{"role": "user", "content": [audio]}],
+            chat_template=GEMMA3_CHAT_TEMPLATE,
+        )
     assert engine.generate(["the"])[0].outputs[0].token_ids

@@ -260,3 +260,27 @@ def test_64_concurrent_clients_get_exact_answers(server, model):
     assert len(results) == 128
     wrong = [(t, got) for t, got in results if got != expected[t]]
     assert not wrong, wrong[:3]
+
+
+def test_an_image_for_the_text_only_artifact_gets_400_naming_it(server):
+    """The artifact serves text only: an `image_url` part is refused by
+    keras-vllm's check (`serve/frontend/chat_parts.py`), the server keeps
+    serving."""
+    url, path = server
+    image = "data:image/png;base64," + "iVBORw0KGgo="
+    response = requests.post(
+        url + "/v1/chat/completions",
+        json={
+            "model": path,
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": testing.prompts()[0]},
+                {"type": "image_url", "image_url": {"url": image}},
+            ]}],
+            "max_tokens": 2,
+        },
+        timeout=120,
+    )
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert "'image_url'" in message and "serves text only" in message
+    assert _complete(url, path, prompt="a", max_tokens=2)

@@ -6,4 +6,6 @@
 - `shutdown`: requests still running at shutdown end as aborted.
 - `adapters`: adapter loads (`--enable-lora`) checked before vLLM's route.
 - `modality_checks`: requests with inputs the artifact does not serve.
+- `chat_parts`: chat content parts (images, audio, video) checked against
+  what the artifact serves, and unreadable images named (400 over HTTP).
 """

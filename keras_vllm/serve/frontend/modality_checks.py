@@ -10,11 +10,8 @@ marker per image (KerasHub's preprocessor puts each image at its marker).
 """
 
 from keras_vllm import format as fmt
-from keras_vllm.errors import ServingError
-
-# Content parts of vLLM's chat messages that are not text.
-_NON_TEXT_PARTS = ("image", "image_url", "image_pil", "image_embeds",
-                   "audio", "audio_url", "input_audio", "video", "video_url")
+from keras_vllm.errors import RequestError
+from keras_vllm.serve.frontend import chat_parts
 
 
 def check_request(method, inputs, manifest):
@@ -33,7 +30,7 @@ def check_request(method, inputs, manifest):
         f" (the model's {', '.join(unserved)} inputs were exported for "
         "Keras-side use; its text decoder is served)" if unserved else ""
     )
-    raise ServingError(
+    raise RequestError(
         f"The request carries {found}, but this artifact serves "
         f"{' and '.join(served)} only{note}. Send text prompts only."
     )
@@ -50,14 +47,8 @@ def _non_text(method, inputs):
         return None
     conversations = items if items and isinstance(items[0], list) else [items]
     for conversation in conversations:
-        for message in conversation:
-            content = message.get("content") if isinstance(message, dict) else None
-            if not isinstance(content, list):
-                continue
-            for part in content:
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind in _NON_TEXT_PARTS:
-                    return f"a '{kind}' message part"
+        for kind, _ in chat_parts.non_text_parts(conversation):
+            return f"a '{kind}' message part"
     return None
 
 
@@ -72,7 +63,7 @@ def _check_image_prompts(method, inputs, settings):
         data = prompt.get("multi_modal_data") or {}
         other = sorted(set(data) - {"image"})
         if other:
-            raise ServingError(
+            raise RequestError(
                 f"The request carries multi_modal_data {', '.join(other)}, "
                 "but this artifact serves text and image only."
             )
@@ -85,7 +76,7 @@ def _check_image_prompts(method, inputs, settings):
         )
         markers = text.count(marker)
         if markers != count:
-            raise ServingError(
+            raise RequestError(
                 f"The prompt holds {markers} image marker(s) '{marker}' but "
                 f"the request carries {count} image(s). Put one '{marker}' "
                 "in the prompt where each image goes, as the model's "
