@@ -157,8 +157,9 @@ def read_golden_images(artifact):
 
     Returns:
         None without `golden_images.json`; else `(max_new_tokens, records)`,
-        each record the stored one plus `"pixels"`: its images as uint8
-        `(height, width, 3)` arrays.
+        each record the stored one plus `"pixels"`: its images as
+        `(height, width, rgb bytes)` (`hub.golden_images.as_array` makes
+        arrays of them).
 
     Raises:
         ArtifactError / IntegrityError: for an image whose bytes are not
@@ -189,7 +190,7 @@ def _read_image(artifact, image):
             "after export. Re-export the model."
         )
     pixels = png.decode(data, MAX_GOLDEN_IMAGE_SIDE, what=rel)
-    if pixels.shape[:2] != (image["height"], image["width"]):
+    if pixels[:2] != (image["height"], image["width"]):
         fail(f"'{rel}' is not {image['height']} x {image['width']} pixels.")
     return pixels
 
@@ -200,16 +201,17 @@ def write_golden_images(directory, max_new_tokens, images, records):
     Args:
         directory: the staged artifact directory.
         max_new_tokens: tokens generated per record.
-        images: uint8 `(height, width, 3)` arrays.
+        images: uint8 `(height, width, 3)` arrays (numpy's, used through
+            `shape` and `tobytes()`).
         records: dicts with `prompt`, `images` (indices), `prompt_ids` and
             `output_ids`.
     """
     os.makedirs(os.path.join(directory, GOLDEN_IMAGES_DIR), exist_ok=True)
     entries = []
     for index, pixels in enumerate(images):
-        with open(os.path.join(directory, image_file(index)), "wb") as f:
-            f.write(png.encode(pixels))
         height, width = pixels.shape[:2]
+        with open(os.path.join(directory, image_file(index)), "wb") as f:
+            f.write(png.encode(height, width, pixels.tobytes()))
         entries.append(
             {"file": image_file(index), "height": int(height),
              "width": int(width)}

@@ -6,8 +6,7 @@ draws itself; they are stored as PNG so a person can open them. The reader
 takes exactly what the writer produces (8-bit RGB, not interlaced, every
 row unfiltered) and refuses anything else, with every length bounded before
 it is allocated: an artifact's bytes go through `zlib` and numpy only, and
-no general-purpose decoder (numpy is imported when an image is read:
-`import keras_vllm.format` stays plain Python).
+no general-purpose decoder (plain Python, like the rest of the format).
 """
 
 import struct
@@ -25,23 +24,23 @@ def _chunk(kind, data):
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
 
 
-def encode(pixels):
-    """PNG bytes of a `(height, width, 3)` uint8 array.
+def encode(height, width, rgb):
+    """PNG bytes of `height` x `width` pixels, `rgb` their row-major 8-bit
+    RGB bytes (a uint8 `(height, width, 3)` array's `tobytes()`).
 
     Example:
 
     ```python
-    data = encode(np.zeros((4, 6, 3), "uint8"))
-    decode(data, max_side=16).shape  # (4, 6, 3)
+    data = encode(4, 6, bytes(4 * 6 * 3))
+    decode(data, max_side=16)  # (4, 6, b"\x00\x00...")
     ```
     """
-    import numpy as np
-
-    pixels = np.ascontiguousarray(pixels, dtype="uint8")
-    height, width, channels = pixels.shape
-    if channels != 3:
-        raise ValueError("encode() takes RGB pixels (height, width, 3).")
-    rows = b"".join(b"\x00" + pixels[y].tobytes() for y in range(height))
+    row = 3 * width
+    if len(rgb) != row * height:
+        raise ValueError("encode() takes height x width x 3 bytes.")
+    rows = b"".join(
+        b"\x00" + rgb[y * row:(y + 1) * row] for y in range(height)
+    )
     header = struct.pack(">II", width, height) + bytes(_RGB8)
     return (
         _SIGNATURE
@@ -52,7 +51,8 @@ def encode(pixels):
 
 
 def decode(data, max_side, what="image"):
-    """The `(height, width, 3)` uint8 pixels of PNG bytes `encode` wrote.
+    """`(height, width, rgb)` of PNG bytes `encode` wrote: `rgb` is the
+    row-major 8-bit RGB bytes.
 
     Args:
         data: the file's bytes.
@@ -104,9 +104,9 @@ def decode(data, max_side, what="image"):
         bad("corrupt compressed data")
     if len(rows) != expected or not inflate.eof:
         bad("pixel data of the wrong length")
-    import numpy as np
-
-    table = np.frombuffer(rows, dtype="uint8").reshape(height, row)
-    if table[:, 0].any():
+    if any(rows[y * row] for y in range(height)):
         bad("filtered rows")
-    return table[:, 1:].reshape(height, width, 3).copy()
+    rgb = b"".join(
+        rows[y * row + 1:(y + 1) * row] for y in range(height)
+    )
+    return height, width, rgb

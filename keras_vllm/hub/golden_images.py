@@ -46,6 +46,13 @@ def synthetic_images():
     return images
 
 
+def as_array(image):
+    """A uint8 `(height, width, 3)` array of a golden image as the format
+    reads it (`(height, width, rgb bytes)`)."""
+    height, width, rgb = image
+    return np.frombuffer(rgb, dtype="uint8").reshape(height, width, 3)
+
+
 def image_prompts(settings):
     """`(prompt, image indices)` pairs for the artifact's image settings:
     one image, another one, and two when the model takes two."""
@@ -134,10 +141,14 @@ def _preprocess(preprocessor, prompt, images, sequence_length):
     return preprocessor.generate_preprocess(
         {
             "prompts": [prompt],
-            "images": [[np.asarray(i, "float32") for i in images]],
+            "images": [[np.asarray(_array(i), "float32") for i in images]],
         },
         sequence_length=sequence_length,
     )
+
+
+def _array(image):
+    return as_array(image) if isinstance(image, tuple) else image
 
 
 def prompt_length(causal_lm, prompt, images, sequence_length):

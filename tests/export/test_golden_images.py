@@ -91,10 +91,9 @@ def test_an_altered_image_is_caught_by_its_checksum(exported, tmp_path):
     path = _copy(exported, tmp_path)
     image = os.path.join(path, golden_format.image_file(1))
     with open(image, "rb") as f:
-        pixels = png.decode(f.read(), 256)
-    pixels[0, 0] = 255 - pixels[0, 0]
+        height, width, rgb = png.decode(f.read(), 256)
     with open(image, "wb") as f:
-        f.write(png.encode(pixels))
+        f.write(png.encode(height, width, bytes([255 - rgb[0]]) + rgb[1:]))
     with pytest.raises(keras_vllm.IntegrityError, match="golden_images/1.png"):
         fmt.open_artifact(path)
     # Read alone (the artifact opened without hashing), still refused.
@@ -137,8 +136,18 @@ def test_malformed_records_are_refused(exported, tmp_path):
 
 def test_png_reads_only_what_it_writes():
     pixels = np.arange(5 * 7 * 3, dtype="uint8").reshape(5, 7, 3)
-    data = png.encode(pixels)
-    np.testing.assert_array_equal(png.decode(data, 16), pixels)
+    data = png.encode(5, 7, pixels.tobytes())
+    height, width, rgb = png.decode(data, 16)
+    np.testing.assert_array_equal(
+        drawn.as_array((height, width, rgb)), pixels
+    )
+    # What any PNG reader sees (Pillow, a dependency of vLLM, when here).
+    image = pytest.importorskip("PIL.Image")
+    import io
+
+    np.testing.assert_array_equal(
+        np.asarray(image.open(io.BytesIO(data))), pixels
+    )
     with pytest.raises(keras_vllm.ArtifactError, match="over 4 a side"):
         png.decode(data, 4)
     with pytest.raises(keras_vllm.ArtifactError, match="bad checksum"):

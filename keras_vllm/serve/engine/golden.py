@@ -10,6 +10,7 @@ number of tokens and the artifact's stop ids.
 
 from keras_vllm import format as fmt
 from keras_vllm.format import golden_images as golden_format
+from keras_vllm.hub.golden_images import as_array
 from keras_vllm.load.golden_images import label
 
 
@@ -35,7 +36,8 @@ def check_golden(engine):
         cases += [
             (label(record),
              {"prompt": record["prompt"], "multi_modal_data": {
-                 "image": [p.astype("float32") for p in record["pixels"]]}},
+                 "image": [as_array(p).astype("float32")
+                           for p in record["pixels"]]}},
              record, steps)
             for record in records
         ]
