@@ -17,6 +17,7 @@ from keras_vllm.export import capabilities
 from keras_vllm.export import chat_templates
 from keras_vllm.export import checkpoint_tokenizer
 from keras_vllm.export import delta
+from keras_vllm.export import golden_images
 from keras_vllm.export import model_facts
 from keras_vllm.export import quantized
 from keras_vllm.export import sections
@@ -285,13 +286,12 @@ def _export(
         # Recorded with the factors as stored (rounded by `lora_dtype`;
         # None unless this is an adapter export: `check_lora_dtype_applies`),
         # while the other files are written.
+        def as_stored():
+            return adapter_export.factors_as_stored(backbone, lora_dtype)
+
         recording = sections.golden_alongside(
-            causal_lm,
-            golden_prompts,
-            golden_max_new_tokens,
-            stop_ids,
-            golden_ref,
-            lambda: adapter_export.factors_as_stored(backbone, lora_dtype),
+            causal_lm, golden_prompts, golden_max_new_tokens, stop_ids,
+            golden_ref, as_stored,
         )
         with recording as pending_golden:
             serialized["tokenizer"] = sections.tokenizer_section(tokenizer, tmp)
@@ -304,6 +304,11 @@ def _export(
                 files = fmt.file_table(tmp, on_bytes=phase.advance)
         golden = pending_golden.result()
         fmt.write_json(os.path.join(tmp, fmt.GOLDEN_FILE), golden)
+        if golden_prompts and config is not None and (
+            fmt.IMAGE_ARCHITECTURE in config["architectures"]
+        ):  # Image prompts too (format 1.11), with the model as stored.
+            golden_images.record(causal_lm, tmp, golden_max_new_tokens,
+                                 stop_ids, max_len, as_stored)
         files.update(
             fmt.file_table(
                 tmp, exclude={*files, fmt.MANIFEST_FILE, fmt.SIGNATURE_FILE}

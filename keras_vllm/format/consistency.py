@@ -14,6 +14,7 @@ import re
 
 from keras_vllm.errors import IntegrityError
 from keras_vllm.format import configs
+from keras_vllm.format import golden_images
 from keras_vllm.format import references
 from keras_vllm.format import vllm_files
 from keras_vllm.format import weight_tree
@@ -27,6 +28,7 @@ from keras_vllm.format.names import CHAT_TEMPLATE_FILE
 from keras_vllm.format.names import CONFIG_FILE
 from keras_vllm.format.names import GENERATION_CONFIG_FILE
 from keras_vllm.format.names import GOLDEN_FILE
+from keras_vllm.format.names import GOLDEN_IMAGES_FILE
 from keras_vllm.format.names import MAX_CHAT_TEMPLATE_BYTES
 from keras_vllm.format.names import MAX_GOLDEN_RECORDS
 from keras_vllm.format.names import MAX_GOLDEN_STEPS
@@ -71,6 +73,7 @@ def _check_required_files(manifest):
         GOLDEN_FILE,
         CHAT_TEMPLATE_FILE,
         TOKENIZER_CONFIG_FILE,
+        GOLDEN_IMAGES_FILE,
     }
     has_weights = False
     for rel in files:
@@ -82,7 +85,7 @@ def _check_required_files(manifest):
                     "an orbax checkpoint consists of. Remove it, or re-export "
                     "the model."
                 )
-        elif rel in top_level or (
+        elif rel in top_level or golden_images.is_image_file(rel) or (
             rel.startswith(TOKENIZER_ASSETS_DIR + "/")
             and rel.count("/") == 2
         ):
@@ -292,6 +295,7 @@ def validate_artifact(artifact):
         read(GENERATION_CONFIG_FILE), manifest, vocab
     )
     _check_golden(read, manifest, vocab)
+    golden_images.check(read, manifest, vocab)
     _check_chat_template(artifact)
     weight_tree.check_orbax_tree(read, manifest)
     return manifest

@@ -7,7 +7,7 @@ once; the rest of `keras_vllm.format` (and nothing outside it) spells them.
 FORMAT_NAME = "keras_vllm"
 # The major version changes when a reader of an older version could
 # misread an artifact; the minor version when fields are only added.
-FORMAT_VERSION = (1, 10)
+FORMAT_VERSION = (1, 11)
 
 # vLLM-facing names. Chosen so they cannot collide with keras-hub 0.32's own
 # plugin, which registers `keras_hub` / `KerasHubForCausalLM`.
@@ -22,6 +22,10 @@ MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
 GOLDEN_FILE = "golden.json"
+# Golden outputs of image prompts (format 1.11) and the PNG images they
+# read (`format.golden_images`), in an artifact that serves images.
+GOLDEN_IMAGES_FILE = "golden_images.json"
+GOLDEN_IMAGES_DIR = "golden_images"
 TOKENIZER_DIR = "tokenizer"
 TOKENIZER_CONFIG_FILE = "tokenizer/config.json"
 TOKENIZER_ASSETS_DIR = "tokenizer/assets"
@@ -72,6 +76,10 @@ MAX_GOLDEN_IDS = 100_000
 # 262k-piece proto is 4.5 MiB); golden.json is a few KiB.
 MAX_TOKENIZER_ASSET_BYTES = 64 << 20
 MAX_GOLDEN_BYTES = 4 << 20
+# Golden images are drawn tiny (`hub.golden_images`); a PNG is a few KiB.
+MAX_GOLDEN_IMAGES = 16
+MAX_GOLDEN_IMAGE_SIDE = 256
+MAX_GOLDEN_IMAGE_BYTES = 1 << 20
 # Every JSON file but the manifest and the tokenizer's vocabulary is small.
 MAX_SMALL_JSON_BYTES = 1 << 20
 # Decoding steps `verify` spends on golden.json (records x max_new_tokens),
@@ -107,7 +115,9 @@ VARIABLE_PATH_PATTERN = r"[A-Za-z0-9_]{1,200}(/[A-Za-z0-9_]{1,200}){0,31}"
 # `prefix_caching`. 1.9 adds no top-level field: `modalities.image`
 # (`format.image_settings`). 1.10 adds no manifest field: config.json's
 # recurrent-state layers (`format.state_layers`) and `"image"` in
-# `modalities.served` (with its architecture, `IMAGE_ARCHITECTURE`).
+# `modalities.served` (with its architecture, `IMAGE_ARCHITECTURE`). 1.11
+# adds no manifest field: the files `golden_images.json` and
+# `golden_images/*.png` (`format.golden_images`).
 MANIFEST_FIELDS = (
     "format",
     "format_version",

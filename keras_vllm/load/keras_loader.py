@@ -14,6 +14,7 @@ from keras_vllm.errors import IntegrityError
 from keras_vllm.load.class_checks import check_config_keys
 from keras_vllm.load.class_checks import resolve_classes
 from keras_vllm.load import adapter
+from keras_vllm.load.golden_images import check_golden_images
 from keras_vllm.load import rebuild
 from keras_vllm.load.opening import open_verified
 from keras_vllm.load.rebuild import role_config
@@ -282,4 +283,5 @@ def check_golden(causal_lm, artifact):
     for record, actual in zip(records, actuals):
         if actual != record["output_ids"]:
             failures.append((record["prompt"], record["output_ids"], actual))
-    return failures
+    # Image prompts (format 1.11; none in text-only or older artifacts).
+    return failures + check_golden_images(causal_lm, artifact)

@@ -72,7 +72,7 @@ def _requests():
 def test_the_artifact_serves_images(served):
     _, engine = served
     artifact = fmt.open_artifact(engine.path)
-    assert artifact.manifest["format_version"] == [1, 10]
+    assert artifact.manifest["format_version"] == [1, 11]
     assert fmt.served_modalities(artifact.manifest) == ["text", "image"]
     config = artifact.read_json(fmt.CONFIG_FILE)
     assert config["architectures"] == [fmt.IMAGE_ARCHITECTURE]
@@ -125,6 +125,29 @@ def test_prompt_logprobs_of_text_tokens_match_the_forward_pass(served):
             served_logprob = out.prompt_logprobs[j][ids[j]].logprob
             worst = max(worst, abs(served_logprob - logprobs[j - 1, ids[j]]))
     assert worst <= 1e-4, worst
+
+
+def test_verify_engine_replays_the_golden_image_prompts(served, monkeypatch):
+    from keras_vllm.format import golden_images
+
+    _, engine = served
+    artifact = fmt.open_artifact(engine.path)
+    _, records = golden_images.read_golden_images(artifact.validate())
+    assert [len(r["images"]) for r in records] == [1, 1, 2]
+    # `keras-vllm verify --engine`: text and image prompts, served exactly.
+    assert engine.check_golden() == []
+    # A recorded output the engine does not give is reported, by prompt.
+    read = golden_images.read_golden_images
+
+    def altered(opened):
+        steps, records = read(opened)
+        ids = records[1]["output_ids"]
+        records[1]["output_ids"] = ids[:-1] + [ids[-1] + 1]
+        return steps, records
+
+    monkeypatch.setattr(golden_images, "read_golden_images", altered)
+    failures = engine.check_golden()
+    assert [f[0] for f in failures] == [records[1]["prompt"] + " (+1 image)"]
 
 
 def test_bad_image_requests_are_refused_by_name(served):

@@ -191,33 +191,16 @@ class KerasVllmEngine:
 
         The golden outputs were recorded at export with the reference the
         manifest names (`golden_reference`), greedy, up to the first stop
-        token; `keras-vllm verify --engine` runs this.
+        token; image prompts too in an artifact that serves images (format
+        1.11). `keras-vllm verify --engine` runs this.
 
         Returns:
             A list of `(prompt, expected_ids, served_ids)` for mismatches
             (empty when the engine reproduces every recorded output).
         """
-        from vllm import SamplingParams
+        from keras_vllm.serve.engine import golden
 
-        golden = self.artifact.read_json(fmt.GOLDEN_FILE)
-        params = SamplingParams(
-            temperature=0.0,
-            max_tokens=golden["max_new_tokens"],
-            stop_token_ids=self.manifest["stop_token_ids"],
-            skip_special_tokens=False,
-        )
-        records = golden["outputs"]
-        outputs = self.generate(
-            [{"prompt_token_ids": r["prompt_ids"]} for r in records],
-            params,
-            use_tqdm=False,
-        )
-        return [
-            (record["prompt"], record["output_ids"], served)
-            for record, output in zip(records, outputs)
-            if (served := list(output.outputs[0].token_ids))
-            != record["output_ids"]
-        ]
+        return golden.check_golden(self)
 
     def weights_layout(self):
         """How the served weights lie on the engine's devices.

@@ -9,6 +9,9 @@ without vLLM's insecure serialization.
 
 import os
 
+# Backend compiles counted by `keras_vllm_compiles` (None: not listening).
+_COMPILES = None
+
 WORKER_EXTENSION = "keras_vllm.serve.worker.extension.KerasVllmWorkerExtension"
 
 
@@ -150,6 +153,59 @@ class KerasVllmWorkerExtension:
             "layers": dict(runner.layer_name_to_kvcache_index),
         }
 
+
+    def keras_vllm_image_encoder(self, image_counts, repeats=5):
+        """Times the served vision encoder alone (`bench.image_cost`).
+
+        Calls the runner's own encoder entry (`embed_multimodal_fn` on the
+        state the step runs on, as the runner does for a step's images) on
+        zero pixels of the artifact's image size, `repeats` times per count
+        after one warm call.
+
+        Returns:
+            `{"seconds": [median seconds per count], "programs": the
+            encoder programs compiled so far (one per image count)}`.
+        """
+        import time
+
+        import jax
+        import numpy as np
+
+        from keras_vllm import format as fmt
+
+        runner = self.model_runner
+        model = runner.model
+        height, width = fmt.image_settings(model.artifact.manifest)[
+            "converter"]["image_size"]
+        seconds = []
+        for count in image_counts:
+            pixels = np.zeros((count, height, width, 3), "float32")
+            times = []
+            for _ in range(repeats + 1):
+                start = time.perf_counter()
+                jax.block_until_ready(runner.embed_multimodal_fn(
+                    runner.state_leaves, modality="image",
+                    pixel_values=pixels,
+                ))
+                times.append(time.perf_counter() - start)
+            seconds.append(float(np.median(times[1:])))
+        return {"seconds": seconds, "programs": model.encoder_programs()}
+
+    def keras_vllm_compiles(self):
+        """XLA programs this worker compiled since its first call here
+        (a JAX monitoring listener counts backend compiles; benchmarks)."""
+        import jax
+
+        global _COMPILES
+        if _COMPILES is None:
+            _COMPILES = [0]
+
+            def listen(event, seconds, **kwargs):
+                if event == "/jax/core/compile/backend_compile_duration":
+                    _COMPILES[0] += 1
+
+            jax.monitoring.register_event_duration_secs_listener(listen)
+        return _COMPILES[0]
 
 def _axis(axis):
     if axis is None or isinstance(axis, str):
