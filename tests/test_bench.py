@@ -195,3 +195,20 @@ def test_moe_bench_shapes_and_best_of_rounds():
         {"decode_c1_ms": 4.0, "prefill_tok_s": 90.0},
     ])
     assert best == {"decode_c1_ms": 4.0, "prefill_tok_s": 100.0}
+
+
+def test_hybrid_bench_compares_models_of_one_size():
+    """`bench.hybrid`'s Qwen 3.5 and Qwen3 share depth, width, MLP and
+    tied vocabulary, and their parameter counts are within 15% (tiny:
+    2,898,520 and 2,624,256; Qwen 3.5's gated query doubles its
+    full-attention query projection)."""
+    from keras_vllm.bench import hybrid
+
+    models = {f: hybrid.build("tiny", f) for f in hybrid.FAMILIES}
+    backbones = {f: m.backbone for f, m in models.items()}
+    for name in ("num_layers", "hidden_dim", "intermediate_dim",
+                 "vocabulary_size"):
+        values = {getattr(b, name) for b in backbones.values()}
+        assert len(values) == 1, (name, values)
+    counts = [b.count_params() for b in backbones.values()]
+    assert max(counts) / min(counts) < 1.15, counts

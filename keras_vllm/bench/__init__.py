@@ -48,7 +48,7 @@ tested without any vLLM engine in tests/test_bench.py.
 
 The other benchmarks here run as modules too (`python -m
 keras_vllm.bench.NAME`): `adapters`, `bf16_agreement`, `data_parallel`,
-`export_cost`, `kernel`, `moe`, `quantized`, `tensor_parallel` and
+`export_cost`, `hybrid`, `kernel`, `moe`, `quantized`, `tensor_parallel` and
 `warm_start` (`engine_rate` holds what the small ones share). vLLM and
 tpu-inference are imported only where an engine starts, so
 this package imports on an export-only install; nothing else in keras_vllm

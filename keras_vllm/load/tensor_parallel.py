@@ -70,14 +70,22 @@ def refusal(config, size, where="this artifact"):
             "fine-tuning.",
         )
     if size > 1 and config.get("recurrent_state_layers"):
-        # A state layer's fused `[Q | K | V]` projection and conv channels
-        # would have to be reordered per shard (format 1.10 layers).
-        return (
-            "layers with a recurrent state are not split yet",
-            f"tensor_parallel_size={size} cannot serve {where}: its layers "
-            "with a recurrent state (linear attention) are served on one "
-            "device only for now. Serve it with tensor_parallel_size=1.",
-        )
+        state_heads = _state_heads(config)
+        if state_heads is not None and any(h % size for h in state_heads):
+            key_heads, value_heads = state_heads
+            sizes = ", ".join(
+                str(s)
+                for s in range(1, _LISTED_UP_TO + 1)
+                if key_heads % s == 0 and value_heads % s == 0
+            )
+            return (
+                f"linear-attention heads do not split over {size}",
+                f"tensor_parallel_size={size} cannot serve {where}: its "
+                f"linear-attention layers have {key_heads} key heads and "
+                f"{value_heads} value heads, and tensor parallelism splits "
+                "both by heads (each must divide by the size). Sizes that "
+                f"work: {sizes}.",
+            )
     # Full-attention layers may have their own KV head count (format 1.7).
     global_kv = int(config.get("num_global_key_value_heads") or kv_heads)
     if shardable(heads, kv_heads, size) and shardable(heads, global_kv, size):
@@ -93,6 +101,23 @@ def refusal(config, size, where="this artifact"):
         "divide by the size; key/value heads must divide by it or divide "
         f"it). Sizes that work: {sizes}.",
     )
+
+
+def _state_heads(config):
+    """`(key heads, value heads)` of the recurrent-state layers (format
+    1.10), from their state shapes: a gated-delta-rule state is `[value
+    heads, key_head_dim, value_head_dim]` and its conv window spans the
+    `[Q | K | V]` channels, `2 * key_dim + value_dim`. None when the shapes
+    are not that layout."""
+    shapes = config.get("recurrent_state_shapes") or ()
+    if len(shapes) != 2 or len(shapes[0]) != 2 or len(shapes[1]) != 3:
+        return None
+    channels = int(shapes[0][1])
+    value_heads, key_head_dim, value_head_dim = (int(d) for d in shapes[1])
+    key_channels = channels - value_heads * value_head_dim
+    if key_channels <= 0 or key_channels % (2 * key_head_dim):
+        return None
+    return key_channels // (2 * key_head_dim), value_heads
 
 
 def check_tensor_parallel(config, size, where):

@@ -177,7 +177,9 @@ def test_cpu_cache_plan_counts_state_pages():
 
 def test_inspect_counts_state_per_sequence_and_refuses_tensor_parallel():
     """`keras-vllm inspect`'s numbers: no KV bytes for state layers, their
-    state per sequence beside; TP > 1 refused by name for now."""
+    state per sequence beside; a TP size the linear-attention heads do not
+    divide by is refused by name (heads read from the state shapes: 96 conv
+    channels = 2 * 1 key head * 16 + 4 value heads * 16)."""
     from keras_vllm.load import tensor_parallel
 
     config = _config()
@@ -188,5 +190,24 @@ def test_inspect_counts_state_per_sequence_and_refuses_tensor_parallel():
     assert [(r["layers"], r["caches"]) for r in rows] == [(1, 1)]
     assert tensor_parallel.refusal(config, 1) is None
     reason, message = tensor_parallel.refusal(config, 2)
-    assert "recurrent state" in reason
-    assert "tensor_parallel_size=1" in message
+    assert "linear-attention heads" in reason
+    assert "1 key heads and 4 value heads" in message
+    assert "Sizes that work: 1." in message
+
+
+def test_tensor_parallel_splits_linear_attention_by_heads():
+    """2 key and 4 value heads (the tiny Qwen 3.5's linear layers): TP=2
+    serves, TP=4 is refused; the attention heads' own rule still applies."""
+    from keras_vllm.load import tensor_parallel
+
+    state = StateSpec(
+        shapes=((3, 128), (4, 16, 16)), dtypes=("float32", "float32")
+    )
+    config = _config()
+    config.update(layout_fields([state, state, state, ATTENTION]))
+    config.update(num_attention_heads=4, num_key_value_heads=2)
+    assert tensor_parallel.refusal(config, 2) is None
+    reason, message = tensor_parallel.refusal(config, 4)
+    assert "2 key heads and 4 value heads" in message
+    assert "Sizes that work: 1, 2." in message
+    assert tensor_parallel.refusal(config, 3) is not None

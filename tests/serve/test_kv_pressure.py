@@ -12,6 +12,15 @@ The preemption is the case tpu-inference 0.32.0 got wrong with async
 scheduling (a returning request re-read a placeholder token; fixed by
 `keras_vllm.serve.worker.resumed_tokens`): without the fix two requests of this
 module's batch left `generate()`'s tokens partway.
+
+A second engine serves the tiny Qwen 3.5 (three of four layers keep a
+recurrent state per sequence in a vLLM state slot) with a block pool too
+small for its 4 running sequences: vLLM preempts, frees the request's KV
+blocks and state slot, and later recomputes it from its first token, so the
+state must be rebuilt from scratch (never read from the slot it had, which
+another request has rewritten since). Its prompts are also prefilled in
+32-token chunks. Every request must decode what greedy decoding by Keras'
+forward pass gives (the family's reference).
 """
 
 import types
@@ -146,3 +155,86 @@ def test_returning_requests_get_the_schedulers_tokens():
     assert resumed_tokens.restore_outputs(requests, cached) == []
     cached.num_output_tokens = [3, 2]
     assert resumed_tokens.restore_outputs(requests, cached) == []
+
+
+HYBRID_FAMILY = "qwen3_5"
+HYBRID_BLOCKS = 12
+HYBRID_ENGINE = {
+    "max_model_len": 128,
+    # 4 state slots for the 9 prompts; 32-token steps chunk the prefills.
+    "max_num_seqs": 4,
+    "max_num_batched_tokens": 32,
+    # Each running request holds one block per state layer group (3) and
+    # its attention layer's KV blocks: 12 blocks cannot hold 4 prompts of
+    # up to 99 tokens (67 + 32 new), so vLLM preempts.
+    "num_gpu_blocks_override": HYBRID_BLOCKS,
+    "disable_log_stats": False,
+}
+
+
+# A LoRA adapter of the base (rank 2 on the full-attention layer's query
+# and value projections, KerasHub's default targets) in a runtime adapter
+# slot: every other request uses it, so preempted adapter requests are
+# recomputed with their adapter too.
+ADAPTER_TEXTS = ["alpha beta gamma alpha beta gamma alpha beta gamma."] * 4
+ADAPTERS = ["support", None] * 5
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    import keras_vllm
+
+    root = tmp_path_factory.mktemp("kv_pressure_hybrid")
+    models = {
+        None: trained_models.trained(HYBRID_FAMILY),
+        "support": trained_models.lora_fine_tune(
+            HYBRID_FAMILY, ADAPTER_TEXTS, rank=2
+        ),
+    }
+    export = {"max_sequence_length": HYBRID_ENGINE["max_model_len"],
+              "golden_prompts": []}
+    base = models[None].export_vllm(root / "base", weights="full", **export)
+    adapter = models["support"].export_vllm(
+        root / "support", base=base, **export
+    )
+    engine = keras_vllm.KerasVllmEngine.from_export(
+        base, adapters={"support": adapter}, **HYBRID_ENGINE
+    )
+    yield engine, models
+    serving_checks.shutdown(engine)
+
+
+def test_preempted_recurrent_state_is_recomputed(hybrid):
+    from vllm import SamplingParams
+
+    engine, models = hybrid
+    prompts = [
+        reference.prompt_token_ids(models[None], text)
+        for text in serving_checks.serving_prompts()
+    ]
+    adapters = ADAPTERS[: len(prompts)]
+    expected = {
+        name: serving_checks.expected_batch(
+            reference.greedy_by_forward_pass, model, prompts,
+            serving_checks.NEW_TOKENS,
+        )
+        for name, model in models.items()
+    }
+    assert expected["support"] != expected[None], "the adapter changes nothing"
+    want = [expected[name][i] for i, name in enumerate(adapters)]
+    assert len({tuple(w) for w in want}) > 2, "outputs ignore the prompt"
+    params = SamplingParams(
+        temperature=0.0, max_tokens=serving_checks.NEW_TOKENS,
+        ignore_eos=True,
+    )
+    preempted = _metric(engine, "vllm:num_preemptions")
+    outputs = engine.generate(
+        [{"prompt_token_ids": p} for p in prompts], params, adapter=adapters
+    )
+    got = [list(o.outputs[0].token_ids) for o in outputs]
+    mismatches = [
+        (i, adapters[i], g, w)
+        for i, (g, w) in enumerate(zip(got, want)) if g != w
+    ]
+    assert not mismatches, mismatches
+    assert _metric(engine, "vllm:num_preemptions") > preempted

@@ -10,14 +10,18 @@ served tokens must equal the quantized model's `generate()`. Llama int8 is
 also served at TP=2, where the int8 kernels and their scales are split.
 Gemma 4 int8 quantizes all but its dense FFN (which KerasHub's decoder
 block reads raw; export refuses it quantized, test_gemma4_export.py).
+Qwen 3.5 int8: its linear-attention projections and full attention int8,
+its recurrent state float32 as in Keras.
 """
 
 import pytest
 
 pytest.importorskip("tpu_inference")
 
+from helpers import family_serving  # noqa: E402
 from helpers import quantized_models  # noqa: E402
 from helpers import serving_checks  # noqa: E402
+from keras_vllm.hub import reference  # noqa: E402
 
 CASES = [
     (family, mode, 1)
@@ -28,6 +32,11 @@ CASES = [
 # in int8 with its dense FFN left float (`quantized_models._servable`):
 # attention projections, the router and the per-layer projections int8.
 CASES.append(("gemma4", "int8", 1))
+# Qwen 3.5 in int8: its Gated DeltaNet projections (`[Q|K|V]`, z, b, a,
+# output) are Keras Dense layers the paged layer calls, so they run int8;
+# the conv kernel, decay and norm weights stay float, as Keras leaves them.
+# Its reference is greedy decoding by the (quantized) forward pass.
+CASES.append(("qwen3_5", "int8", 1))
 
 # Teacher-forced logprobs against Keras' forward pass. int4 (weights only)
 # and GPTQ dequantize their weights and compute in float: every position
@@ -59,9 +68,13 @@ def served(request, tmp_path_factory):
     engine.shutdown()
 
 
-def test_greedy_matches_quantized_generate(served):
+def test_greedy_matches_quantized_generate(served, request):
     model, engine = served
-    serving_checks.check_greedy_matches_generate(engine, model)
+    family, _, _ = request.node.callspec.params["served"]
+    greedy = family_serving.REFERENCE.get(
+        family, reference.greedy_continuation
+    )
+    serving_checks.check_greedy_matches_generate(engine, model, greedy=greedy)
 
 
 def test_prompt_logprobs_match_quantized_forward_pass(served, request):

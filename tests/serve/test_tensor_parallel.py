@@ -17,9 +17,11 @@ import pytest
 
 pytest.importorskip("tpu_inference")
 
+from helpers import family_serving  # noqa: E402
 from helpers import serving_checks  # noqa: E402
 from helpers.trained_models import trained  # noqa: E402
 from keras_vllm import format as fmt  # noqa: E402
+from keras_vllm.hub import reference  # noqa: E402
 from keras_vllm.serve.frontend import refusals  # noqa: E402
 from keras_vllm.serve.worker import capacity  # noqa: E402
 from keras_vllm.load import tensor_parallel  # noqa: E402
@@ -47,6 +49,12 @@ CASES.append(("gpt_oss", 2))
 # parallel) and `gemma4_e2b` (per-layer embeddings, layers reading another
 # layer's cache, double-wide MLP, final soft cap).
 CASES += [("gemma4", 2), ("gemma4_e2b", 2)]
+# Qwen 3.5 at TP=2: Gated DeltaNet layers split by heads (2 key, 4 value
+# heads), their fused `[Q | K | V]` channels reordered per shard and their
+# conv/delta-rule state slots split with them; one gated full-attention
+# layer. Its family engine settings (4 state slots, 32-token chunked
+# prefill), so the state also crosses chunks on the split mesh.
+CASES.append(("qwen3_5", 2))
 
 
 @pytest.fixture(
@@ -59,14 +67,18 @@ def served(request, tmp_path_factory):
         model,
         tmp_path_factory.mktemp(f"{family}_tp{tp}") / "artifact",
         tensor_parallel_size=tp,
+        **family_serving.ENGINE_KWARGS.get(family, {}),
     )
     yield family, tp, model, engine
     serving_checks.shutdown(engine)
 
 
 def test_greedy_matches_generate(served):
-    _, _, model, engine = served
-    serving_checks.check_greedy_matches_generate(engine, model)
+    family, _, model, engine = served
+    greedy = family_serving.REFERENCE.get(
+        family, reference.greedy_continuation
+    )
+    serving_checks.check_greedy_matches_generate(engine, model, greedy=greedy)
 
 
 # Measured on gemma4_e2b: one position of the 63-token prompt (its 61st

@@ -22,6 +22,8 @@ import dataclasses
 from keras import ops
 
 from keras_vllm.layers.common.context import require_context
+from keras_vllm.layers.common.state_sharding import check_heads_split
+from keras_vllm.layers.common.state_sharding import per_shard_order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +98,10 @@ class PagedRecurrentState:
         """Causal conv1d + gated delta rule over vLLM's flat batch.
 
         Reads this layer's `(conv_state, recurrent_state)` at each request's
-        slot, writes the updated state back into the step's caches.
+        slot, writes the updated state back into the step's caches. On a
+        tensor-parallel mesh the heads are split over the devices, the
+        `[Q | K | V]` channels reordered so that each device's slice is its
+        own heads' (`state_sharding.per_shard_order`).
 
         Args:
             mixed_qkv: `[T, 2 * key_dim + value_dim]`, the `[Q | K | V]`
@@ -123,6 +128,20 @@ class PagedRecurrentState:
         metadata = context.metadata(self.kv_layer_index)
         conv_state, recurrent_state = context.read_cache(self.kv_layer_index)
         kernel_size = int(conv_weight.shape[-1])
+        mesh = _resolve_mesh(context.mesh)
+        shards = _heads_shards(mesh)
+        if shards > 1:
+            # Each device's slice of the channels must be its own
+            # `[Q_i | K_i | V_i]` (`state_sharding`).
+            check_heads_split(num_key_heads, num_value_heads, shards)
+            order = per_shard_order(
+                num_key_heads, key_head_dim, num_value_heads,
+                value_head_dim, shards,
+            )
+            mixed_qkv = ops.take(mixed_qkv, order, axis=-1)
+            conv_weight = ops.take(conv_weight, order, axis=0)
+            if conv_bias is not None:
+                conv_bias = ops.take(conv_bias, order, axis=0)
         (new_conv, new_recurrent), out = run_jax_gdn_attention(
             mixed_qkv,
             b,
@@ -142,7 +161,15 @@ class PagedRecurrentState:
             d_k=key_head_dim,
             d_v=value_head_dim,
             kernel_size=kernel_size,
-            mesh=_resolve_mesh(context.mesh),
+            mesh=mesh,
         )
         context.write_cache(self.kv_layer_index, (new_conv, new_recurrent))
         return out
+
+
+def _heads_shards(mesh):
+    """Devices along the mesh's attention-heads axis."""
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+    from tpu_inference.utils import get_mesh_shape_product
+
+    return int(get_mesh_shape_product(mesh, ShardingAxisName.ATTN_HEAD))
