@@ -151,7 +151,7 @@ def test_generate_matches_greedy_reference(trained, request):
                 "the wrong offset",
             )
         )
-    if family == "qwen3_5":
+    if family in ("qwen3_5", "qwen3_5_moe"):
         request.applymarker(
             pytest.mark.xfail(
                 strict=True,
