@@ -151,7 +151,10 @@ def test_generate_matches_greedy_reference(trained, request):
                 "the wrong offset",
             )
         )
-    if family in ("qwen3_5", "qwen3_5_moe"):
+    # The tiny Qwen 3.5 MoE (one linear layer) decodes these two short
+    # prompts alike either way: KerasHub's cached path differs from its
+    # forward pass (the served reference) but not in these argmaxes.
+    if family == "qwen3_5":
         request.applymarker(
             pytest.mark.xfail(
                 strict=True,
