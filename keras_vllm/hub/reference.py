@@ -13,6 +13,8 @@ pass (KerasHub's GPT-NeoX).
 
 import numpy as np
 
+from keras_vllm.hub import compiled_forward
+
 
 def prompt_token_ids(causal_lm, text):
     """Tokenizes a prompt the way `causal_lm.generate(text)` does.
@@ -84,10 +86,11 @@ def greedy_by_forward_pass(
     of a prompt share one input shape. Cost is quadratic in the length;
     meant for tiny test models.
 
+    Each step is one compiled call of the model's forward pass
+    (`compiled_forward`): the same computation as calling the model.
+
     Args and return value as `greedy_continuation`.
     """
-    from keras import ops
-
     ids = [int(i) for i in token_ids]
     length = len(ids) + max_new_tokens
     # Round the shape up so prompts of similar lengths share compilations.
@@ -98,8 +101,9 @@ def greedy_by_forward_pass(
     for _ in range(max_new_tokens):
         padded[0, : len(ids)] = ids
         mask[0, : len(ids)] = True
-        logits = causal_lm(_inputs(causal_lm, padded, mask))
-        token = int(ops.convert_to_numpy(ops.argmax(logits[0, len(ids) - 1])))
+        (token,) = compiled_forward.last_position_argmax(
+            causal_lm, padded, mask, [len(ids) - 1], _inputs
+        )
         ids.append(token)
         result.append(token)
         if stop_token_ids and token in stop_token_ids:
@@ -203,18 +207,14 @@ def _generate_rows(causal_lm, padded, mask, lengths, stop_token_ids):
 
 
 def _forward_pass_rows(causal_lm, padded, mask, lengths, max_new_tokens):
-    from keras import ops
-
     positions = list(lengths)
     rows = [[] for _ in lengths]
     last = padded.shape[1]
     for _ in range(max_new_tokens):
-        logits = causal_lm(_inputs(causal_lm, padded, mask))
-        index = np.asarray([p - 1 for p in positions], dtype="int32")
-        picked = ops.take_along_axis(
-            logits, index.reshape(-1, 1, 1), axis=1
-        )[:, 0]
-        tokens = ops.convert_to_numpy(ops.argmax(picked, axis=-1)).tolist()
+        # One compiled call a step (eagerly, every op dispatches alone).
+        tokens = compiled_forward.last_position_argmax(
+            causal_lm, padded, mask, [p - 1 for p in positions], _inputs
+        )
         for row, token in enumerate(tokens):
             rows[row].append(int(token))
             if positions[row] < last:

@@ -20,5 +20,6 @@ from keras_vllm.layers import qwen  # noqa: F401
 from keras_vllm.layers import qwen3  # noqa: F401
 from keras_vllm.layers import qwen3_moe  # noqa: F401
 from keras_vllm.layers import qwen3_5  # noqa: F401
+from keras_vllm.layers import qwen3_5_moe  # noqa: F401
 from keras_vllm.layers import qwen_moe  # noqa: F401
 from keras_vllm.layers import smollm3  # noqa: F401

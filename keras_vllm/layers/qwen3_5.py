@@ -32,15 +32,11 @@ from keras_hub.src.models.qwen3_5.qwen3_5_attention import Qwen3_5Attention
 from keras_hub.src.models.qwen3_5.qwen3_5_gated_delta_net import (
     Qwen3_5GatedDeltaNet,
 )
-from keras_hub.src.models.qwen3_5_moe.qwen3_5_moe_backbone import (
-    Qwen3_5MoeBackbone,
-)
 
 from keras_vllm.layers.common.base import KVCacheSpec
 from keras_vllm.layers.common.base import PagedAttention
 from keras_vllm.layers.common.recurrent_state import PagedRecurrentState
 from keras_vllm.layers.common.recurrent_state import StateSpec
-from keras_vllm.layers.common.registry import register_missing_capabilities
 from keras_vllm.layers.common.registry import register_paged
 from keras_vllm.layers.common.rotary_attention import rotate_partially
 
@@ -143,14 +139,3 @@ class PagedQwen3_5GatedDeltaNet(Qwen3_5GatedDeltaNet, PagedRecurrentState):
         out = self.out_proj(ops.reshape(core, (tokens, 1, self.value_dim)))
         return (out, cache) if cache is not None else out
 
-
-@register_missing_capabilities(Qwen3_5MoeBackbone)
-def _moe_missing(backbone):
-    # Its attention and state layers are the ones above; its sparse block
-    # (routed experts plus a sigmoid-gated shared expert) is not yet on the
-    # routed-experts path nor verified against the forward pass.
-    return [
-        "the Qwen 3.5 sparse MoE block (top-k routed experts plus a "
-        "sigmoid-gated shared expert) served at top-k cost and verified "
-        f"exact ({backbone.num_layers} layers)"
-    ]

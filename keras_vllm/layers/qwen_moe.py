@@ -85,6 +85,6 @@ class RoutedQwenSparseMoeBlock(QwenSparseMoeBlock, QwenRoutedExperts):
 
     call = RoutedExperts.call
 
-    def shared_expert(self, tokens):
+    def shared_expert_output(self, tokens):
         gate = ops.sigmoid(self.shared_expert_gate_dense(tokens))
         return self.shared_expert_dense(tokens) * gate

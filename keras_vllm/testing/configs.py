@@ -29,6 +29,7 @@ FAMILIES = [
     "smollm3",
     "gpt_oss",
     "qwen3_5",
+    "qwen3_5_moe",
 ]
 
 NUM_LAYERS = 2
@@ -221,6 +222,29 @@ SPECS = {
             linear_num_value_heads=4,
             linear_key_head_dim=HEAD_DIM,
             linear_value_head_dim=HEAD_DIM,
+        ),
+    ),
+    # Qwen 3.5 MoE: Qwen 3.5's layers with a sparse block (4 experts, top
+    # 2, always renormalised) and a sigmoid-gated shared expert in place of
+    # the MLP. One linear and one full-attention layer: both kinds, at half
+    # the tiny Qwen 3.5's cost (the chunked delta rule dominates its compile
+    # and fine-tune time; `qwen3_5` keeps the presets' 3:1 pattern).
+    "qwen3_5_moe": (
+        "Qwen3_5Moe",
+        dict(
+            {k: v for k, v in _GQA.items() if k != "intermediate_dim"},
+            num_layers=2,
+            layer_types=["linear_attention", "full_attention"],
+            head_dim=HEAD_DIM,
+            rope_max_wavelength=1000000,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=HEAD_DIM,
+            linear_value_head_dim=HEAD_DIM,
+            moe_intermediate_dim=32,
+            shared_expert_intermediate_size=64,
+            num_experts=4,
+            top_k=2,
         ),
     ),
     # Phi-3 (4k-context shape). Pass `**PHI3_SU_ROPE_SCALING` for "su" RoPE.

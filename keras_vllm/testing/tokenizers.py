@@ -148,6 +148,7 @@ _TOKENIZERS = {
     "qwen_moe": ("QwenMoeTokenizer", "bpe", "qwen_moe"),
     "qwen3_moe": ("Qwen3MoeTokenizer", "bpe", "qwen3_moe"),
     "qwen3_5": ("Qwen3_5Tokenizer", "bpe", "qwen3_5"),
+    "qwen3_5_moe": ("Qwen3_5MoeTokenizer", "bpe", "qwen3_5"),
     "phi3": ("Phi3Tokenizer", "spm", "phi3"),
     "falcon": ("FalconTokenizer", "bpe", "falcon"),
     "bloom": ("BloomTokenizer", "bpe", "bloom"),

@@ -57,8 +57,7 @@ OUTCOMES = {
     "Gemma4AssistantCausalLM": "not a standalone text generator .* "
     "speculative decoding",
     "Qwen3_5CausalLM": "served",
-    "Qwen3_5MoeCausalLM": "Qwen3_5MoeCausalLM cannot be served: Missing "
-    "capability: the Qwen 3.5 sparse MoE block",
+    "Qwen3_5MoeCausalLM": "served",
     "BLIP2Seq2SeqLM": _SEQ2SEQ,
     "BartSeq2SeqLM": _SEQ2SEQ,
     "EdRecSeq2SeqLM": _SEQ2SEQ,

@@ -34,6 +34,7 @@ REFERENCE = {
     # KerasHub's cached `generate()` for Qwen 3.5 lets padding into the
     # linear layers' state and feeds the last prompt token twice.
     "qwen3_5": reference.greedy_by_forward_pass,
+    "qwen3_5_moe": reference.greedy_by_forward_pass,
 }
 
 # Engine settings per family, on top of `engine_shapes.ENGINE_KWARGS`.
@@ -43,6 +44,7 @@ REFERENCE = {
 # from chunk to chunk).
 ENGINE_KWARGS = {
     "qwen3_5": {"max_num_seqs": 4, "max_num_batched_tokens": 32},
+    "qwen3_5_moe": {"max_num_seqs": 4, "max_num_batched_tokens": 32},
 }
 
 

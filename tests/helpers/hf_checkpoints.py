@@ -30,6 +30,8 @@ _TOKENIZERS = {
     "smollm3": ("bpe", "smollm3"),
     "gemma4": ("spm_json", "gemma4"),
     "gpt_oss": ("bpe", "gpt_oss"),
+    "qwen3_5": ("bpe", "qwen3_5"),
+    "qwen3_5_moe": ("bpe", "qwen3_5"),
 }
 FAMILIES = tuple(_TOKENIZERS)
 
@@ -209,6 +211,22 @@ def _config(family, vocabulary_size):
             **common, head_dim=64, num_local_experts=4,
             num_experts_per_tok=2, sliding_window=16,
         )
+    if family in ("qwen3_5", "qwen3_5_moe"):
+        # One Gated DeltaNet and one full-attention layer; written as the
+        # text model, nested under `text_config` as published below.
+        linear = dict(
+            head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=8, linear_value_head_dim=8,
+            layer_types=["linear_attention", "full_attention"],
+            tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+            pad_token_id=None,
+        )
+        if family == "qwen3_5":
+            return transformers.Qwen3_5TextConfig(**common, **linear)
+        return transformers.Qwen3_5MoeTextConfig(
+            **common, **linear, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=16, shared_expert_intermediate_size=32,
+        )
     return transformers.GPT2Config(
         vocab_size=vocabulary_size, n_embd=32, n_layer=2, n_head=4,
         n_positions=256,
@@ -251,6 +269,8 @@ def write_checkpoint(family, directory, max_shard_size=None, published=True):
         _write_json(directory, "config.json", written)
     if family == "gpt_oss" and published:
         hf_published.as_published_gpt_oss(directory)
+    if family in ("qwen3_5", "qwen3_5_moe"):
+        hf_published.as_published_qwen3_5(directory, family)
     return directory
 
 

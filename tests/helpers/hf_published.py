@@ -5,6 +5,10 @@ calls these).
 - Gemma 4's tokenizer is a `tokenizer.json` holding a SentencePiece-derived
   BPE model (keras-hub's converter rebuilds a SentencePiece proto from it).
 - GPT-OSS is published with MXFP4 experts and YaRN in `rope_scaling`.
+- Qwen 3.5 and Qwen 3.5 MoE are published as image-text models: the text
+  model's config under `text_config` of a `qwen3_5` / `qwen3_5_moe` config,
+  its weights under `model.language_model.` (the only form keras-hub's
+  converters read). The fixtures leave the vision tower out.
 """
 
 import json
@@ -113,3 +117,33 @@ def as_published_gpt_oss(directory):
         ],
     }
     _write_json(directory, "config.json", config)
+
+
+def as_published_qwen3_5(directory, model_type):
+    """Rewrites a transformers 5 text-only Qwen 3.5 (MoE) checkpoint as the
+    published image-text checkpoints lay out their language model (no
+    vision tower): `config.json` nests the text config, weight names gain
+    `language_model.`. Sharded checkpoints are not handled."""
+    from safetensors.numpy import load_file
+    from safetensors.numpy import save_file
+
+    with open(os.path.join(directory, "config.json")) as f:
+        text = json.load(f)
+    _write_json(directory, "config.json", {
+        "architectures": [
+            "Qwen3_5MoeForConditionalGeneration" if model_type.endswith("moe")
+            else "Qwen3_5ForConditionalGeneration"
+        ],
+        "model_type": model_type,
+        "text_config": text,
+        "tie_word_embeddings": text["tie_word_embeddings"],
+        "transformers_version": text.get("transformers_version"),
+    })
+    path = os.path.join(directory, "model.safetensors")
+    tensors = load_file(path)
+    renamed = {
+        name.replace("model.", "model.language_model.", 1)
+        if name.startswith("model.") else name: value
+        for name, value in tensors.items()
+    }
+    save_file(renamed, path, metadata={"format": "pt"})

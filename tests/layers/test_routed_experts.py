@@ -23,7 +23,9 @@ from keras_vllm import testing
 from keras_vllm.layers import swap
 from keras_vllm.layers.common.routed_experts import RoutedExperts
 
-MOE_FAMILIES = ("mixtral", "qwen_moe", "qwen3_moe", "gpt_oss")
+MOE_FAMILIES = (
+    "mixtral", "qwen_moe", "qwen3_moe", "gpt_oss", "qwen3_5_moe",
+)
 
 
 def _backbone(family, **overrides):
@@ -43,6 +45,8 @@ def _router(block):
     """The router's Dense layer (GPT-OSS keeps it in a router sublayer)."""
     if hasattr(block, "_sparse_feedforward_gate_dense"):
         return block._sparse_feedforward_gate_dense
+    if hasattr(block, "_router_gate"):  # Qwen 3.5 MoE
+        return block._router_gate
     return block.router.router_dense
 
 
@@ -122,7 +126,7 @@ def test_router_ties_are_decided_like_keras(family):
     other = routed.routed_output(
         tokens, weights, np.asarray([[1, 3]] * 9, dtype="int32")
     )
-    shared = routed.shared_expert(tokens)
+    shared = routed.shared_expert_output(tokens)
     if shared is not None:
         other = other + shared
     assert np.abs(np.asarray(other) - np.asarray(want[0])).max() > 1e-3

@@ -26,9 +26,12 @@ from keras_vllm.hub import reference
 # global layers' shape in `per_layer_config`, no processor_config.json),
 # GPT-OSS as published (MXFP4 experts, YaRN in `rope_scaling`): keras-vllm's
 # `layers/gemma4_hf_fixes.py` and `gpt_oss_hf_fixes.py` convert both.
+# Qwen 3.5 and Qwen 3.5 MoE (#38) are written as published (the language
+# model of an image-text checkpoint; no vision tower); their reference is
+# greedy decoding by the forward pass, as their manifest declares.
 FAMILIES = (
     "llama", "qwen2", "gemma2", "mistral", "gpt2", "smollm3", "gemma4",
-    "gpt_oss",
+    "gpt_oss", "qwen3_5", "qwen3_5_moe",
 )
 SHARDED = {"qwen2": "20KB"}
 # Gemma 4's tiny random checkpoint repeats one token per prompt unless its
@@ -69,6 +72,7 @@ def test_engine_serves_delta_on_hf_checkpoint(family, checkpoint_root, tmp_path)
         [reference.prompt_token_ids(causal_lm, text) for text in prompts],
         NEW_TOKENS,
         [],
+        name=manifest["golden_reference"],
     )
     assert len({tuple(w) for w in want}) > 1, "outputs ignore the prompt"
     engine = keras_vllm.KerasVllmEngine.from_export(

@@ -14,8 +14,10 @@ declares, once, what differs between families:
   (`[E, ...]`, or None where a kernel has none), or None for no biases;
 - `expert_hidden(*projected)`: the expert's activation of the projected
   rows (SwiGLU and its precision);
-- `shared_expert(tokens)`: an always-on expert added to the routed output
-  (e.g. sigmoid-gated), or None.
+- `shared_expert_output(tokens)`: an always-on expert added to the routed
+  output (e.g. sigmoid-gated), or None. (Not `shared_expert`: KerasHub's
+  Qwen 3.5 MoE block names its shared-expert sublayer so, and an instance
+  attribute would hide the hook.)
 
 The generic `call` then computes only the chosen experts for each token
 (`keras_vllm.layers.common.expert_groups`), weights them with the router's top-k
@@ -102,7 +104,7 @@ class RoutedExperts:
         """The expert's intermediate activation of its projected rows."""
         raise NotImplementedError
 
-    def shared_expert(self, tokens):
+    def shared_expert_output(self, tokens):
         """An always-on expert's output `[T, H]`, or None."""
         return None
 
@@ -129,7 +131,7 @@ class RoutedExperts:
             tokens, weights, experts, num_valid,
             grouped_kernel=expert_groups.tpu_kernel_fits(mesh),
         )
-        shared = self.shared_expert(tokens)
+        shared = self.shared_expert_output(tokens)
         if shared is not None:
             out = out + shared
         return ops.reshape(out, shape), router_logits

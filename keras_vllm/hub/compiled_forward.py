@@ -1,0 +1,116 @@
+"""A model's forward pass compiled once, for references that call it often.
+
+Greedy decoding by the forward pass (`reference.greedy_batch(...,
+name="forward_pass")`, the reference of models whose cached `generate()`
+is not their forward pass) runs the whole sequence once per new token.
+Called eagerly, every op of every layer dispatches on its own (Qwen 3.5's
+chunked delta rule alone is hundreds of them a step); compiled, one step
+is one XLA call on the same variables. The computation is the model's own
+`call` (through `stateless_call`), so the reference does not change, only
+its cost: one compile per input shape, then milliseconds a step.
+"""
+
+import json
+import weakref
+
+# Structure -> (compiled forward, the model it traces). Models of one
+# structure (the fine-tuned model, its exported and reloaded copy) share
+# one compile: only the variables' values differ, and those are arguments.
+_COMPILED = {}
+
+
+# Every call is padded to a multiple of `ROWS` rows and at least
+# `MIN_LENGTH` positions, so that a process's references (the serving
+# prompts, default sampling, golden outputs) share one compiled shape: on a
+# hybrid model one compile costs more than all its steps.
+ROWS = 16
+MIN_LENGTH = 128
+
+
+def last_position_argmax(
+    causal_lm, token_ids, padding_mask, last_positions, make_inputs
+):
+    """Each row's greedy next token after `last_positions`, one XLA call.
+
+    Rows are padded with copies of the first row, and positions with masked
+    zeros after the last (causal layers never let later positions change
+    earlier ones), up to the shared bucket.
+
+    Args:
+        causal_lm: a KerasHub `CausalLM`.
+        token_ids: int `[B, T]`.
+        padding_mask: bool `[B, T]`.
+        last_positions: int `[B]`: the position whose logits pick each row's
+            next token.
+        make_inputs: `(causal_lm, token_ids, padding_mask) -> inputs`, the
+            model's input dict (with `position_ids` where it takes them).
+
+    Returns:
+        A list of `B` ints.
+
+    Example:
+
+    ```python
+    ids = np.array([[1, 5, 9, 0]], "int32")
+    last_position_argmax(causal_lm, ids, ids > 0, [2], reference._inputs)
+    ```
+    """
+    import numpy as np
+
+    rows, length = np.shape(token_ids)
+    bucket = (-(-rows // ROWS) * ROWS, max(MIN_LENGTH, length))
+    ids = np.zeros(bucket, dtype="int32")
+    mask = np.zeros(bucket, dtype="bool")
+    ids[:rows, :length] = token_ids
+    mask[:rows, :length] = padding_mask
+    ids[rows:], mask[rows:] = ids[0], mask[0]
+    last = np.full(bucket[0], int(last_positions[0]), dtype="int32")
+    last[:rows] = last_positions
+    key = _structure(causal_lm)
+    forward, traced = _COMPILED.get(key, (None, lambda: None))
+    if traced() is None:
+        # The model is held weakly: the cache must not keep it alive. Once
+        # it is gone, the next model of its structure traces its own.
+        traced = weakref.ref(causal_lm)
+        forward = _compile(traced)
+        _COMPILED[key] = (forward, traced)
+    tokens = forward(
+        [v.value for v in causal_lm.trainable_variables],
+        [v.value for v in causal_lm.non_trainable_variables],
+        make_inputs(causal_lm, ids, mask),
+        last,
+    )
+    return [int(t) for t in np.asarray(tokens)[:rows]]
+
+
+def _structure(causal_lm):
+    """What the traced computation depends on besides variable values: the
+    classes, the backbone's configuration and every variable's shape and
+    dtype in order (LoRA or quantization change these). Names are left out:
+    Keras numbers a second instance's layers (`_1`) without changing what
+    they compute."""
+    backbone = causal_lm.backbone
+    config = dict(backbone.get_config())
+    config.pop("name", None)
+    config = json.dumps(config, sort_keys=True, default=repr)
+    variables = tuple(
+        (tuple(v.shape), str(v.dtype), v.trainable)
+        for v in causal_lm.variables
+    )
+    return type(causal_lm), type(backbone), config, variables
+
+
+def _compile(model_ref):
+    import jax
+    import jax.numpy as jnp
+
+    def forward(trainable, non_trainable, inputs, last_positions):
+        logits, _ = model_ref().stateless_call(
+            trainable, non_trainable, inputs
+        )
+        picked = jnp.take_along_axis(
+            logits, last_positions[:, None, None], axis=1
+        )[:, 0]
+        return jnp.argmax(picked, axis=-1)
+
+    return jax.jit(forward)

@@ -1,0 +1,40 @@
+"""The compiled forward pass behind greedy decoding by the forward pass
+(`keras_vllm.hub.compiled_forward`) computes what calling the model does,
+on the variables it is given: models of one structure share one compile,
+each with its own weights."""
+
+import numpy as np
+
+from keras_vllm import testing
+from keras_vllm.hub import compiled_forward
+from keras_vllm.hub import reference
+
+
+def _eager_argmax(causal_lm, ids, mask, last):
+    logits = np.asarray(causal_lm(reference._inputs(causal_lm, ids, mask)))
+    return [int(np.argmax(logits[row, p])) for row, p in enumerate(last)]
+
+
+def test_compiled_argmax_is_the_models_own_on_its_own_weights():
+    first = testing.build_tiny_causal_lm("gpt_neo_x", seed=0)
+    second = testing.build_tiny_causal_lm("gpt_neo_x", seed=1)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 60, size=(3, 20)).astype("int32")
+    mask = np.ones_like(ids, dtype=bool)
+    mask[1, 12:] = False  # a right-padded row
+    last = [19, 11, 5]
+    want_first = _eager_argmax(first, ids, mask, last)
+    want_second = _eager_argmax(second, ids, mask, last)
+    assert want_first != want_second, "the two models agree: no check"
+    got_first = compiled_forward.last_position_argmax(
+        first, ids, mask, last, reference._inputs
+    )
+    got_second = compiled_forward.last_position_argmax(
+        second, ids, mask, last, reference._inputs
+    )
+    assert got_first == want_first
+    assert got_second == want_second
+    # One compile for both: the second model ran the first one's trace.
+    key = compiled_forward._structure(first)
+    assert key == compiled_forward._structure(second)
+    assert compiled_forward._COMPILED[key][1]() is first
