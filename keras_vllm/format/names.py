@@ -7,7 +7,7 @@ once; the rest of `keras_vllm.format` (and nothing outside it) spells them.
 FORMAT_NAME = "keras_vllm"
 # The major version changes when a reader of an older version could
 # misread an artifact; the minor version when fields are only added.
-FORMAT_VERSION = (1, 10)
+FORMAT_VERSION = (1, 11)
 
 # vLLM-facing names. Chosen so they cannot collide with keras-hub 0.32's own
 # plugin, which registers `keras_hub` / `KerasHubForCausalLM`.

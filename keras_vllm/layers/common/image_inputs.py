@@ -64,7 +64,9 @@ def register_image_model(backbone_cls):
     """Class decorator: how a backbone class runs on image embeddings.
 
     The decorated class has three static methods, all on Keras tensors:
-    `embed_images(backbone, pixels)` (`[N, H, W, 3]` converted pixels ->
+    `embed_images(backbone, **inputs)` (the processor's arrays, one row per
+    image: `pixel_values` `[N, H, W, 3]`, or `[N, P, D]` patches with
+    `pixel_position_ids` (`keras_vllm.hub.images.image_model_inputs`) ->
     `[N, tokens_per_image, hidden]`, the rows that replace the
     placeholders), `embed_tokens(backbone, token_ids)` (`[B, T]` ->
     `[B, T, hidden]`, as the backbone embeds text) and
