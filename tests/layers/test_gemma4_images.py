@@ -22,7 +22,7 @@ pytest.importorskip("tensorflow")  # Gemma4CausalLMPreprocessor needs it.
 def model():
     return g4.with_image_preprocessor(
         testing.build_tiny_causal_lm(
-            "gemma4", num_layers=6, enable_moe_block=False
+            "gemma4", num_layers=7, enable_moe_block=False
         )
     )
 
@@ -61,11 +61,10 @@ def test_logits_from_merged_embeddings_equal_the_forward_pass(model):
     backbone = model.backbone
     parts = image_inputs.image_model(type(backbone))
     settings = image_inputs.image_settings(model)
+    # Two wide images (2 real soft tokens each, 2 zero rows) in one prompt.
     cases = [
         (f"two {g4.MARKER} and {g4.MARKER} here",
          vision_models.images(2, seed=1, sizes=((20, 40),))),
-        (f"one {g4.MARKER}", vision_models.images(1, seed=2)),
-        ("none at all", []),
     ]
     for prompt, images in cases:
         x = _preprocess(model, prompt, images)
@@ -88,3 +87,19 @@ def test_logits_from_merged_embeddings_equal_the_forward_pass(model):
         )
         logits = np.asarray(backbone.token_embedding(hidden, reverse=True))
         np.testing.assert_allclose(logits, want, atol=1e-5)
+
+
+def test_patches_converter_is_a_format_1_11_field(model):
+    import keras_vllm
+    from keras_vllm.format import image_settings as image_format
+
+    settings = image_inputs.image_settings(model)
+    image_format.validate({"image": settings}, (1, 11))
+    with pytest.raises(keras_vllm.ArtifactError, match="format 1.11 field"):
+        image_format.validate({"image": settings}, (1, 10))
+    bad = dict(settings, converter=dict(settings["converter"], patch_size=0))
+    with pytest.raises(keras_vllm.ArtifactError, match="patch_size"):
+        image_format.validate({"image": bad}, (1, 11))
+    bad = dict(settings, converter=dict(settings["converter"], kind="crop"))
+    with pytest.raises(keras_vllm.ArtifactError, match="kind"):
+        image_format.validate({"image": bad}, (1, 11))
