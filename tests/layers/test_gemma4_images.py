@@ -91,15 +91,15 @@ def test_logits_from_merged_embeddings_equal_the_forward_pass(model):
 
 def test_patches_converter_is_a_format_1_11_field(model):
     import keras_vllm
-    from keras_vllm.format import image_settings as image_format
+    from keras_vllm.format.image_settings import validate
 
     settings = image_inputs.image_settings(model)
-    image_format.validate({"image": settings}, (1, 11))
+    validate({"image": settings}, (1, 11))
     with pytest.raises(keras_vllm.ArtifactError, match="format 1.11 field"):
-        image_format.validate({"image": settings}, (1, 10))
+        validate({"image": settings}, (1, 10))
     bad = dict(settings, converter=dict(settings["converter"], patch_size=0))
     with pytest.raises(keras_vllm.ArtifactError, match="patch_size"):
-        image_format.validate({"image": bad}, (1, 11))
+        validate({"image": bad}, (1, 11))
     bad = dict(settings, converter=dict(settings["converter"], kind="crop"))
     with pytest.raises(keras_vllm.ArtifactError, match="kind"):
-        image_format.validate({"image": bad}, (1, 11))
+        validate({"image": bad}, (1, 11))
