@@ -16,7 +16,8 @@ _IMAGE_INPUTS = {}
 
 # How image placeholder tokens attend to each other in the Keras model.
 # "bidirectional_within_image": every placeholder of one image attends to
-# every other placeholder of that image (Gemma 3), the rest causally.
+# every other placeholder of that image (Gemma 3), the rest causally; a
+# layer may keep its placeholders causal (`paged_attend(image_spans=False)`).
 IMAGE_ATTENTION = ("causal", "bidirectional_within_image")
 
 
