@@ -8,22 +8,21 @@ no engine)."""
 import numpy as np
 import pytest
 
-from keras_vllm import testing
 from keras_vllm.hub import images as image_io
 from keras_vllm.layers import families  # noqa: F401
 from keras_vllm.layers.common import image_inputs
 from helpers import gemma4_vision_models as g4
 from helpers import vision_models
+from helpers.trained_models import trained
 
 pytest.importorskip("tensorflow")  # Gemma4CausalLMPreprocessor needs it.
 
 
 @pytest.fixture(scope="module")
 def model():
+    # The engine test's model (one fine-tune per session for both).
     return g4.with_image_preprocessor(
-        testing.build_tiny_causal_lm(
-            "gemma4", num_layers=7, enable_moe_block=False
-        )
+        trained("gemma4", enable_moe_block=False, num_layers=7)
     )
 
 
