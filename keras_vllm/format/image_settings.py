@@ -10,6 +10,13 @@ and how placeholders attend to each other. A vLLM multimodal processor
 rebuilds the same pixels and token ids from it (`keras_vllm.hub.images`),
 with no Hugging Face processor files and nothing executed from the
 artifact. The encoder's own settings are in the stored backbone config.
+
+Two kinds of converter (`converter.kind`): `"resize"` (format 1.9, the
+default when absent: KerasHub's `ImageConverter`, every image resized to one
+`image_size`) and `"patches"` (format 1.11: variable resolution, as
+`Gemma4ImageConverter`: each image resized keeping its aspect ratio to at
+most `max_soft_tokens * pooling_kernel_size**2` patches of `patch_size`
+pixels, then flattened into patches with their (x, y) positions).
 """
 
 from keras_vllm.format.checks import invalid_unless as _expect
@@ -23,6 +30,7 @@ from keras_vllm.format.checks import is_number
 IMAGE_ATTENTION = ("causal", "bidirectional_within_image")
 INTERPOLATIONS = ("bilinear", "nearest", "bicubic", "lanczos3", "lanczos5",
                   "area")
+CONVERTER_KINDS = ("resize", "patches")
 _MAX_SIDE = 16384
 _MAX_TOKENS = 65536
 
@@ -50,27 +58,20 @@ def validate(modalities, version):
     image = _field(modalities, "image", dict, "modalities")
     where = "modalities.image"
     converter = _field(image, "converter", dict, where)
-    size = _field(converter, "image_size", list, f"{where}.converter")
+    kind = converter.get("kind", "resize")
     _expect(
-        len(size) == 2 and all(_int_in(n, 1, _MAX_SIDE) for n in size),
-        f"'{where}.converter.image_size' must be [height, width].",
+        kind in CONVERTER_KINDS,
+        f"'{where}.converter.kind' must be one of {CONVERTER_KINDS}.",
     )
-    for key in ("scale", "offset"):
-        value = converter.get(key)
-        values = value if isinstance(value, list) else [value]
+    if kind == "patches":
         _expect(
-            value is None or (
-                len(values) in (1, 3)
-                and all(is_number(v) for v in values)
-            ),
-            f"'{where}.converter.{key}' must be null, a number or 3 numbers.",
+            tuple(version) >= (1, 11),
+            "'modalities.image.converter.kind' is a format 1.11 field, but "
+            f"the artifact declares {version[0]}.{version[1]}.",
         )
-    _expect(
-        converter.get("interpolation") in INTERPOLATIONS,
-        f"'{where}.converter.interpolation' must be one of {INTERPOLATIONS}.",
-    )
-    for key in ("antialias", "crop_to_aspect_ratio", "pad_to_aspect_ratio"):
-        _field(converter, key, bool, f"{where}.converter")
+        _validate_patches(converter, f"{where}.converter")
+    else:
+        _validate_resize(converter, f"{where}.converter")
     _expect(
         _int_in(image.get("encoder_image_size"), 1, _MAX_SIDE),
         f"'{where}.encoder_image_size' must be a positive int.",
@@ -101,6 +102,46 @@ def validate(modalities, version):
         image.get("attention") in IMAGE_ATTENTION,
         f"'{where}.attention' must be one of {IMAGE_ATTENTION}.",
     )
+
+
+def _validate_scale(converter, where):
+    for key in ("scale", "offset"):
+        value = converter.get(key)
+        values = value if isinstance(value, list) else [value]
+        _expect(
+            value is None or (
+                len(values) in (1, 3)
+                and all(is_number(v) for v in values)
+            ),
+            f"'{where}.{key}' must be null, a number or 3 numbers.",
+        )
+
+
+def _validate_resize(converter, where):
+    size = _field(converter, "image_size", list, where)
+    _expect(
+        len(size) == 2 and all(_int_in(n, 1, _MAX_SIDE) for n in size),
+        f"'{where}.image_size' must be [height, width].",
+    )
+    _validate_scale(converter, where)
+    _expect(
+        converter.get("interpolation") in INTERPOLATIONS,
+        f"'{where}.interpolation' must be one of {INTERPOLATIONS}.",
+    )
+    for key in ("antialias", "crop_to_aspect_ratio", "pad_to_aspect_ratio"):
+        _field(converter, key, bool, where)
+
+
+def _validate_patches(converter, where):
+    for key, high in (
+        ("patch_size", 1024), ("max_soft_tokens", _MAX_TOKENS),
+        ("pooling_kernel_size", 64),
+    ):
+        _expect(
+            _int_in(converter.get(key), 1, high),
+            f"'{where}.{key}' must be a positive int.",
+        )
+    _validate_scale(converter, where)
 
 
 def _int_in(value, low, high):

@@ -72,7 +72,9 @@ def greedy_with_images(
     model's own `generate()` runs with a greedy sampler, every prompt padded
     to one length (the longest prompt's ids plus `max_new_tokens`), so
     prompts with as many images share one compiled program; the compiled
-    greedy function is kept with the model for the next call.
+    greedy function is kept with the model for the next call A family
+    whose `generate()` is not its forward pass on images (its image model's
+    `generate_is_exact = False`) is decoded by the forward pass instead.
 
     Args:
         causal_lm: a vision-language `CausalLM` whose preprocessor takes
@@ -93,8 +95,15 @@ def greedy_with_images(
     ]
     length = min(max(lengths, default=0) + max_new_tokens,
                  max_sequence_length)
+    from keras_vllm.layers.common.image_inputs import image_model
+
+    family = image_model(type(causal_lm.backbone))
+    greedy = (
+        _greedy if getattr(family, "generate_is_exact", True)
+        else _forward_greedy
+    )
     return [
-        _greedy(causal_lm, prompt, images, max_new_tokens, stop_token_ids,
+        greedy(causal_lm, prompt, images, max_new_tokens, stop_token_ids,
                 length)
         for prompt, images in cases
     ]
@@ -135,6 +144,32 @@ def _greedy(causal_lm, prompt, images, max_new_tokens, stop_token_ids,
         if stops and token in stops:
             break
     return [int(i) for i in prompt_ids], new
+
+
+def _forward_greedy(causal_lm, prompt, images, max_new_tokens,
+                    stop_token_ids, sequence_length):
+    # Greedy decoding by full forward passes, for a family whose cached
+    # `generate()` differs from its forward pass on images; padding after
+    # the tokens does not change their logits, so each step is one program.
+    from keras import ops
+
+    x = _preprocess(causal_lm.preprocessor, prompt, images, sequence_length)
+    names = set(causal_lm.backbone.input)
+    x = {k: np.array(v) for k, v in x.items() if k in names}
+    count = int(x["padding_mask"][0].sum())
+    prompt_ids = [int(i) for i in x["token_ids"][0][:count]]
+    stops = set(stop_token_ids or ())
+    new = []
+    for position in range(count, min(count + max_new_tokens,
+                                     sequence_length)):
+        logits = ops.convert_to_numpy(causal_lm(x))[0, position - 1]
+        token = int(np.argmax(logits))
+        new.append(token)
+        if token in stops:
+            break
+        x["token_ids"][0, position] = token
+        x["padding_mask"][0, position] = True
+    return prompt_ids, new
 
 
 def _preprocess(preprocessor, prompt, images, sequence_length):

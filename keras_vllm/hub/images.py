@@ -9,6 +9,11 @@ from `manifest.modalities.image` (`keras_vllm.format.image_settings`): the
 text by the same string replacement, the pixels with a KerasHub
 `ImageConverter` built from the stored settings, so the arrays equal the
 ones `generate()` feeds the model.
+
+Variable-resolution converters (`converter.kind == "patches"`, format 1.11:
+Gemma 4's) give each image as patches with their positions instead of one
+fixed-size array; `image_model_inputs` returns whatever arrays the
+converter gives, named as the encoder takes them.
 """
 
 import numpy as np
@@ -47,6 +52,15 @@ def image_converter(settings):
     import keras_hub
 
     converter = settings["converter"]
+    if converter.get("kind") == "patches":
+        # KerasHub's one variable-resolution image converter.
+        return keras_hub.layers.Gemma4ImageConverter(
+            patch_size=converter["patch_size"],
+            max_soft_tokens=converter["max_soft_tokens"],
+            pooling_kernel_size=converter["pooling_kernel_size"],
+            scale=converter["scale"],
+            offset=converter["offset"],
+        )
     return keras_hub.layers.ImageConverter(
         image_size=tuple(converter["image_size"]),
         scale=converter["scale"],
@@ -77,6 +91,42 @@ def preprocess_images(settings, images, converter=None):
     if not out:
         return np.zeros((0, height, width, 3), "float32")
     return np.stack(out)
+
+
+def image_model_inputs(settings, images, converter=None):
+    """The vision encoder's inputs for `images`, as `{name: array}` with
+    one row per image: `{"pixel_values": (N, H, W, 3)}` for a resizing
+    converter; for a `"patches"` converter `{"pixel_values": (N, P, 3 *
+    patch_size**2), "pixel_position_ids": (N, P, 2)}` with `P =
+    max_soft_tokens * pooling_kernel_size**2` (the patches past an image's
+    own are zeros at position (-1, -1), as KerasHub pads them).
+
+    Args: as `preprocess_images`.
+    """
+    settings_converter = settings["converter"]
+    if settings_converter.get("kind") != "patches":
+        return {"pixel_values": preprocess_images(settings, images, converter)}
+    converter = converter or image_converter(settings)
+    values, positions = [], []
+    for image in images:
+        # One image per call: each keeps its own size (KerasHub converts a
+        # prompt's images together, zero-padded to the largest).
+        out = converter(_as_array(image)[None])
+        values.append(np.asarray(out["pixel_values"], "float32")[0])
+        positions.append(np.asarray(out["pixel_position_ids"], "int32")[0])
+    patch = settings_converter["patch_size"]
+    count = settings_converter["max_soft_tokens"] * (
+        settings_converter["pooling_kernel_size"] ** 2
+    )
+    if not values:
+        return {
+            "pixel_values": np.zeros((0, count, 3 * patch * patch), "float32"),
+            "pixel_position_ids": np.zeros((0, count, 2), "int32"),
+        }
+    return {
+        "pixel_values": np.stack(values),
+        "pixel_position_ids": np.stack(positions),
+    }
 
 
 def _as_array(image):

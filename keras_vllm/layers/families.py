@@ -9,6 +9,7 @@ from keras_vllm.layers import gemma  # noqa: F401
 from keras_vllm.layers import gemma3  # noqa: F401
 from keras_vllm.layers import gemma3n  # noqa: F401
 from keras_vllm.layers import gemma4  # noqa: F401
+from keras_vllm.layers import gemma4_images  # noqa: F401
 from keras_vllm.layers import gpt2  # noqa: F401
 from keras_vllm.layers import gpt_oss  # noqa: F401
 from keras_vllm.layers import gpt_neo_x  # noqa: F401

@@ -172,10 +172,10 @@ class Gemma3Images:
     """
 
     @staticmethod
-    def embed_images(backbone, pixels):
+    def embed_images(backbone, pixel_values):
         # The encoder takes `(batch, images, H, W, 3)` and returns one
         # `(tokens, hidden)` block per image.
-        return backbone.vision_encoder(ops.expand_dims(pixels, 0))
+        return backbone.vision_encoder(ops.expand_dims(pixel_values, 0))
 
     @staticmethod
     def embed_tokens(backbone, token_ids):

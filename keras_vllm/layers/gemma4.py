@@ -24,9 +24,10 @@ KerasHub's router gives each token dense dispatch weights with its top-k
 experts' renormalised probabilities; the expert bank then computes only
 those experts (GELU-gated, each scaled by its `per_expert_scale`).
 
-A backbone with a vision or audio encoder serves its text decoder
-(registered below): text prompts only. Embedding models (bidirectional
-attention) are refused.
+A backbone with a vision encoder whose preprocessor takes images serves
+them (`layers/gemma4_images.py`); otherwise, or with an audio encoder's
+inputs, it serves its text decoder (registered below): text prompts only.
+Embedding models (bidirectional attention) are refused.
 """
 
 import keras
@@ -112,9 +113,12 @@ class PagedGemma4TextAttention(Gemma4TextAttention, PagedAttention):
                 value = self.value_norm(raw_key)
             else:
                 value = self.value_norm(self.value_dense(x))
+            # Image placeholders see their whole image on sliding-window
+            # layers only (`gemma4_images`); global layers stay causal.
             out = self.paged_attend(
                 query, key, value, sm_scale=1.0,
                 sliding_window=_window(self), soft_cap=self.logit_soft_cap,
+                image_spans=not self.is_global_attention,
             )
             shared_kv = ops.stack((key, value), axis=1)
         # The backbone hands this to the layers that share this one's keys

@@ -103,6 +103,7 @@ class PagedAttention:
         alibi_slopes=None,
         sinks=None,
         update_kv_cache=True,
+        image_spans=True,
     ):
         """Attends over vLLM's paged KV cache for this layer.
 
@@ -127,6 +128,10 @@ class PagedAttention:
                 (`KVCacheSpec.shares_cache`): keys and values are read from
                 that cache, `key` and `value` are ignored, nothing is
                 written.
+            image_spans: False for a layer whose image placeholders attend
+                causally even on a step where the model's placeholders see
+                their whole image (`ServingContext.attend_until`; Gemma 4's
+                global layers).
 
         Returns:
             `[T, 1, num_query_heads, head_dim]` in the query's dtype.
@@ -156,7 +161,7 @@ class PagedAttention:
                 alibi_slopes=[float(s) for s in alibi_slopes],
                 mesh=context.mesh,
             )
-        elif context.attend_until is not None:
+        elif context.attend_until is not None and image_spans:
             # A step with image placeholders: some tokens see past
             # themselves, which tpu-inference's kernels cannot express.
             from keras_vllm.layers.common.span_attention import (

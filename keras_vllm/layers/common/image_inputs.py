@@ -16,7 +16,8 @@ _IMAGE_INPUTS = {}
 
 # How image placeholder tokens attend to each other in the Keras model.
 # "bidirectional_within_image": every placeholder of one image attends to
-# every other placeholder of that image (Gemma 3), the rest causally.
+# every other placeholder of that image (Gemma 3), the rest causally; a
+# layer may keep its placeholders causal (`paged_attend(image_spans=False)`).
 IMAGE_ATTENTION = ("causal", "bidirectional_within_image")
 
 
@@ -64,12 +65,18 @@ def register_image_model(backbone_cls):
     """Class decorator: how a backbone class runs on image embeddings.
 
     The decorated class has three static methods, all on Keras tensors:
-    `embed_images(backbone, pixels)` (`[N, H, W, 3]` converted pixels ->
+    `embed_images(backbone, **inputs)` (the processor's arrays, one row per
+    image: `pixel_values` `[N, H, W, 3]`, or `[N, P, D]` patches with
+    `pixel_position_ids` (`keras_vllm.hub.images.image_model_inputs`) ->
     `[N, tokens_per_image, hidden]`, the rows that replace the
     placeholders), `embed_tokens(backbone, token_ids)` (`[B, T]` ->
     `[B, T, hidden]`, as the backbone embeds text) and
     `decode(backbone, embeddings, padding_mask, vision_mask)` (the decoder
     layers and final norm over merged embeddings: `[B, T, hidden]`).
+    A class attribute `generate_is_exact = False` says that KerasHub's
+    cached `generate()` on image prompts is not the model's forward pass
+    (what training and keras-vllm run): golden image outputs are then
+    greedy decoding by the forward pass (`hub.golden_images`).
 
     Args:
         backbone_cls: the KerasHub backbone class (exact class match).

@@ -12,8 +12,10 @@ same with nothing executed from the artifact:
   ids equal `generate()`'s, newlines included); the prompt update here only
   locates each image's run of placeholders (replaced by itself), which
   vLLM's scheduler and the runner's encoder cache key on;
-* pixels: `preprocess_images` (a KerasHub `ImageConverter` of the stored
-  settings), one `[H, W, 3]` float32 block per image (`pixel_values`);
+* pixels: `image_model_inputs` (a KerasHub `ImageConverter` of the stored
+  settings), one `[H, W, 3]` float32 block per image (`pixel_values`), or
+  for a variable-resolution converter one block of patches per image with
+  their positions (`pixel_values`, `pixel_position_ids`);
 * limits: at most `max_images_per_prompt` images (the preprocessor's), or
   fewer with `--limit-mm-per-prompt`; dummy inputs for vLLM's profiling.
 """
@@ -105,7 +107,15 @@ def _dummy_inputs_class():
             return self.info.settings["marker"] * mm_counts.get("image", 0)
 
         def get_dummy_mm_data(self, seq_len, mm_counts, mm_options):
-            height, width = self.info.settings["converter"]["image_size"]
+            converter = self.info.settings["converter"]
+            if converter.get("kind") == "patches":
+                # A square image of the most patches the converter keeps.
+                side = converter["patch_size"] * converter[
+                    "pooling_kernel_size"
+                ] * int(converter["max_soft_tokens"] ** 0.5)
+                height = width = max(side, 1)
+            else:
+                height, width = converter["image_size"]
             return {
                 "image": self._get_dummy_images(
                     width=width,
@@ -133,13 +143,19 @@ def _processor_class():
 
             from keras_vllm.hub import images as hub_images
 
-            pixels = hub_images.preprocess_images(
+            inputs = hub_images.image_model_inputs(
                 self.info.settings, list(hf_data.get("images") or [])
             )
-            return BatchFeature({"pixel_values": torch.from_numpy(pixels)})
+            return BatchFeature(
+                {k: torch.from_numpy(v) for k, v in inputs.items()}
+            )
 
         def _get_mm_fields_config(self, hf_inputs, hf_processor_mm_kwargs):
-            return {"pixel_values": MultiModalFieldConfig.batched("image")}
+            return {
+                name: MultiModalFieldConfig.batched("image")
+                for name in ("pixel_values", "pixel_position_ids")
+                if name in hf_inputs
+            }
 
         def _get_prompt_updates(
             self, mm_items, hf_processor_mm_kwargs, out_mm_kwargs

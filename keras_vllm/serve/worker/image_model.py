@@ -36,6 +36,9 @@ from keras_vllm.serve.worker.model import KerasVllmForCausalLM
 
 # The jitted vision encoder of each served artifact (`_encoder`).
 _ENCODERS = {}
+# The processor's arrays the encoder takes (`keras_vllm.hub.images.
+# image_model_inputs`), as the family's `embed_images` names them.
+_ENCODER_INPUTS = ("pixel_values", "pixel_position_ids")
 
 
 @register_processor
@@ -95,19 +98,29 @@ class KerasVllmForConditionalGeneration(KerasVllmForCausalLM):
             )
         self.image_model = model
         self.placeholder_token_id = int(settings["placeholder_token_id"])
+        self.tokens_per_image = int(settings["tokens_per_image"])
         self.bidirectional_images = (
             settings["attention"] == "bidirectional_within_image"
         )
         return backbone
 
-    def embed_multimodal(self, pixel_values=None, **kwargs):
+    def embed_multimodal(self, **inputs):
         """The image rows: one `[tokens_per_image, hidden]` array per image
-        of `pixel_values` (`[N, H, W, 3]`, the processor's pixels)."""
-        if pixel_values is None:
+        of the processor's arrays (`pixel_values`: `[N, H, W, 3]`, or a
+        variable-resolution converter's patches `[N, P, D]` with their
+        `pixel_position_ids` `[N, P, 2]`)."""
+        inputs = {
+            name: jnp.asarray(np.asarray(inputs[name]))
+            for name in _ENCODER_INPUTS
+            if inputs.get(name) is not None
+        }
+        if "pixel_values" not in inputs:
             return []
-        pixels = jnp.asarray(np.asarray(pixel_values, dtype="float32"))
-        rows = self._encoder()(nnx.state(self.backbone), pixels)
-        return [rows[i] for i in range(rows.shape[0])]
+        inputs["pixel_values"] = inputs["pixel_values"].astype(jnp.float32)
+        rows = self._encoder()(nnx.state(self.backbone), inputs)
+        # Each image's first `tokens_per_image` rows fill its placeholders
+        # (an encoder may give more: Gemma 4's pads to its largest grid).
+        return [rows[i, : self.tokens_per_image] for i in range(rows.shape[0])]
 
     def encoder_programs(self):
         """How many encoder programs this artifact has compiled (one per
@@ -116,7 +129,7 @@ class KerasVllmForConditionalGeneration(KerasVllmForCausalLM):
         return 0 if entry is None else int(entry._cache_size())
 
     def _encoder(self):
-        """The jitted vision encoder: `(backbone state, pixels) -> rows`.
+        """The jitted vision encoder: `(backbone state, inputs) -> rows`.
 
         tpu-inference calls `embed_multimodal` outside its jitted step, on a
         model merged afresh each call, so the program is kept per artifact
@@ -138,11 +151,12 @@ class KerasVllmForConditionalGeneration(KerasVllmForCausalLM):
             graphdef, _ = nnx.split(self.backbone)
             image_model = self.image_model
 
-            def encode(state, pixels):
+            def encode(state, inputs):
                 rows = image_model.embed_images(
-                    nnx.merge(graphdef, state), pixels
+                    nnx.merge(graphdef, state), **inputs
                 )
-                return jnp.reshape(rows, (pixels.shape[0],) + rows.shape[-2:])
+                count = inputs["pixel_values"].shape[0]
+                return jnp.reshape(rows, (count,) + rows.shape[-2:])
 
             entry = _ENCODERS[self._model_path] = jax.jit(encode)
         return entry

@@ -1,0 +1,72 @@
+"""Tiny Gemma 4 vision-language models built from a trained text fixture.
+
+`with_image_preprocessor` adds a (random) tiny `Gemma4VisionEncoder` to a
+trained tiny Gemma 4 (its decoder weights are the trained ones), turns on
+the 26B / 31B presets' bidirectional attention within images, and gives it
+KerasHub's `Gemma4CausalLMPreprocessor` with a tiny variable-resolution
+image converter: patches of 4 pixels, at most 4 soft tokens (16 patches,
+pooled 2 x 2) per image, 4 placeholder tokens per image, as the presets
+ship (16-pixel patches, 280 soft tokens pooled 3 x 3).
+"""
+
+PATCH_SIZE = 4
+MAX_SOFT_TOKENS = 4
+POOLING = 2
+TOKENS_PER_IMAGE = 4
+MARKER = "<|image|>"
+
+
+def with_vision_encoder(text_lm, preprocessor=None):
+    """`text_lm` (a Gemma 4 `CausalLM`) with a tiny vision encoder added
+    and `use_vision_bidirectional_attention` on. The encoder is named as in
+    keras-hub's presets (an auto-numbered name differs between two models
+    built in one process)."""
+    import keras_hub
+    from keras_hub.src.models.gemma4.gemma4_vision_encoder import (
+        Gemma4VisionEncoder,
+    )
+    from keras_vllm.hub import weights as weight_io
+
+    config = text_lm.backbone.get_config()
+    config["vision_encoder"] = Gemma4VisionEncoder(
+        image_size=16, patch_size=PATCH_SIZE, num_heads=2, hidden_dim=16,
+        num_layers=1, intermediate_dim=32, head_dim=8,
+        output_dim=config["hidden_dim"], pool_size=POOLING,
+        position_embedding_size=16, name="gemma4_vision_encoder",
+    )
+    config["image_size"] = 16
+    config["use_vision_bidirectional_attention"] = True
+    backbone = keras_hub.models.Gemma4Backbone(**config)
+    text_vars = weight_io.ordered_variables(text_lm.backbone)
+    position = 0
+    for variable in weight_io.ordered_variables(backbone):
+        source = text_vars[position] if position < len(text_vars) else None
+        if source is not None and weight_io.canonical_path(
+            source.path
+        ) == weight_io.canonical_path(variable.path):
+            variable.assign(source.value)
+            position += 1
+    assert position == len(text_vars)
+    return keras_hub.models.Gemma4CausalLM(
+        backbone=backbone, preprocessor=preprocessor or text_lm.preprocessor
+    )
+
+
+def with_image_preprocessor(text_lm, max_images_per_prompt=2):
+    """`text_lm` with a vision encoder and KerasHub's Gemma 4 preprocessor
+    (which needs TensorFlow) taking images (the presets' rescale to
+    [-1, 1])."""
+    import keras_hub
+
+    converter = keras_hub.layers.Gemma4ImageConverter(
+        patch_size=PATCH_SIZE, max_soft_tokens=MAX_SOFT_TOKENS,
+        pooling_kernel_size=POOLING, scale=1 / 127.5, offset=-1.0,
+    )
+    preprocessor = keras_hub.models.Gemma4CausalLMPreprocessor(
+        tokenizer=text_lm.preprocessor.tokenizer,
+        image_converter=converter,
+        num_vision_tokens_per_image=TOKENS_PER_IMAGE,
+        max_images_per_prompt=max_images_per_prompt,
+        sequence_length=text_lm.preprocessor.sequence_length,
+    )
+    return with_vision_encoder(text_lm, preprocessor)
