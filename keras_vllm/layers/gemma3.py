@@ -24,6 +24,7 @@ from keras import ops
 
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.layers.common.gemma_attention import GemmaPagedAttention
+from keras_vllm.layers.common.image_inputs import plain_number
 from keras_vllm.layers.common.image_inputs import register_image_inputs
 from keras_vllm.layers.common.image_inputs import register_image_model
 from keras_vllm.layers.common.registry import register_chat_template
@@ -130,8 +131,8 @@ def gemma3_image_inputs(causal_lm):
     return {
         "converter": {
             "image_size": [int(n) for n in converter.image_size],
-            "scale": _plain(converter.scale),
-            "offset": _plain(converter.offset),
+            "scale": plain_number(converter.scale),
+            "offset": plain_number(converter.offset),
             "interpolation": converter.interpolation,
             "antialias": bool(converter.antialias),
             "crop_to_aspect_ratio": bool(converter.crop_to_aspect_ratio),
@@ -149,15 +150,6 @@ def gemma3_image_inputs(causal_lm):
         "placeholder_token_id": int(tokenizer.image_placeholder_id),
         "attention": "bidirectional_within_image",
     }
-
-
-def _plain(value):
-    """A converter's scale or offset as JSON: None, a float or a list."""
-    if value is None:
-        return None
-    if isinstance(value, (list, tuple)):
-        return [float(v) for v in value]
-    return float(value)
 
 
 @register_image_model(Gemma3Backbone)

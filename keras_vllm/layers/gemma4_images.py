@@ -39,6 +39,7 @@ served.
 from keras import ops
 from keras_hub.src.models.gemma4.gemma4_backbone import Gemma4Backbone
 
+from keras_vllm.layers.common.image_inputs import plain_number
 from keras_vllm.layers.common.image_inputs import register_image_inputs
 from keras_vllm.layers.common.image_inputs import register_image_model
 
@@ -66,8 +67,8 @@ def gemma4_image_inputs(causal_lm):
             "patch_size": int(converter.patch_size),
             "max_soft_tokens": int(converter.max_soft_tokens),
             "pooling_kernel_size": int(converter.pooling_kernel_size),
-            "scale": _plain(converter.scale),
-            "offset": _plain(converter.offset),
+            "scale": plain_number(converter.scale),
+            "offset": plain_number(converter.offset),
         },
         "encoder_image_size": int(backbone.image_size),
         "tokens_per_image": int(preprocessor.num_vision_tokens_per_image),
@@ -103,15 +104,6 @@ def _servable_with_images(backbone, preprocessor):
         ) and tokens > int(block.sliding_window_size):
             return False
     return True
-
-
-def _plain(value):
-    """A converter's scale or offset as JSON: None, a float or a list."""
-    if value is None:
-        return None
-    if isinstance(value, (list, tuple)):
-        return [float(v) for v in value]
-    return float(value)
 
 
 @register_image_model(Gemma4Backbone)

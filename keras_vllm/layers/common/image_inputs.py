@@ -61,6 +61,16 @@ def image_settings(causal_lm):
 _IMAGE_MODELS = {}
 
 
+def plain_number(value):
+    """A converter's scale or offset as JSON: None, a float or a list of
+    floats (families' image settings store them so)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [float(v) for v in value]
+    return float(value)
+
+
 def register_image_model(backbone_cls):
     """Class decorator: how a backbone class runs on image embeddings.
 
