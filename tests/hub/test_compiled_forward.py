@@ -15,7 +15,10 @@ def _eager_argmax(causal_lm, ids, mask, last):
     return [int(np.argmax(logits[row, p])) for row, p in enumerate(last)]
 
 
-def test_compiled_argmax_is_the_models_own_on_its_own_weights():
+def test_compiled_argmax_is_the_models_own_on_its_own_weights(monkeypatch):
+    # An empty cache: a model of this structure built by an earlier test in
+    # this process may still be alive and would own the compile.
+    monkeypatch.setattr(compiled_forward, "_COMPILED", {})
     first = testing.build_tiny_causal_lm("gpt_neo_x", seed=0)
     second = testing.build_tiny_causal_lm("gpt_neo_x", seed=1)
     rng = np.random.default_rng(0)
