@@ -24,13 +24,18 @@ KerasHub 0.32's Gemma 4 takes images at variable resolution:
   placeholders of one image attend to each other in both directions on
   the sliding-window layers only ((causal and window) or same image); the
   global layers stay causal (`PagedGemma4TextAttention` attends them with
-  `image_spans=False`); without it (E2B / E4B) every layer is causal.
+  `image_spans=False`); without it (E2B / E4B) every layer is causal;
+* with per-layer embeddings (E2B / E4B) each layer also takes a per-layer
+  input from the token ids, image placeholders read as id 0 (as Hugging
+  Face masks them), and from the merged embeddings (image rows included):
+  `decode` computes them as the backbone does from the ids and placeholder
+  mask the served model class passes.
 
 What is not served with images (the artifact then serves the text decoder,
-text prompts only, as before): per-layer embeddings (E2B / E4B: their
-per-layer token ids zero the placeholders, which the split below does not
-feed), bidirectional images with KV-shared layers (the image-span kernel
-writes the cache it reads) or with an image longer than the sliding window
+text prompts only, as before): bidirectional images with KV-shared layers
+(the image-span kernel writes the cache it reads; a KV-shared layer reads
+another layer's, so its placeholders could not see their image's later
+rows) or with an image longer than the sliding window
 (the kernel's window around an image is `|q - k| < window`, equal to
 KerasHub's only for images within the window). Audio and video are not
 served.
