@@ -25,8 +25,9 @@ experts' renormalised probabilities; the expert bank then computes only
 those experts (GELU-gated, each scaled by its `per_expert_scale`).
 
 A backbone with a vision encoder whose preprocessor takes images serves
-them (`layers/gemma4_images.py`, E2B / E4B included); otherwise, or with an audio encoder's
-inputs, it serves its text decoder (registered below): text prompts only.
+them (`layers/gemma4_images.py`, E2B / E4B included); otherwise, or with
+an audio encoder's inputs, it serves its text decoder (registered below):
+text prompts only. Chat: `GEMMA4_CHAT_TEMPLATE` (below).
 Embedding models (bidirectional attention) are refused.
 """
 
