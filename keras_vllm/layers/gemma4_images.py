@@ -151,7 +151,9 @@ class Gemma4Images:
         backbone, embeddings, padding_mask, vision_mask, token_ids=None,
         image_mask=None,
     ):
-        x = embeddings * ops.cast(ops.sqrt(backbone.hidden_dim), embeddings.dtype)
+        x = embeddings * ops.cast(
+            ops.sqrt(backbone.hidden_dim), embeddings.dtype
+        )
         per_layer = _per_layer_inputs(backbone, x, token_ids, image_mask)
         shared = {}
         for i, layer in enumerate(backbone.transformer_layers):

@@ -19,9 +19,9 @@ MARKER = "<|image|>"
 
 def with_vision_encoder(text_lm, preprocessor=None, bidirectional=True):
     """`text_lm` (a Gemma 4 `CausalLM`) with a tiny vision encoder added
-    and `use_vision_bidirectional_attention` set to `bidirectional`. The encoder is named as in
-    keras-hub's presets (an auto-numbered name differs between two models
-    built in one process)."""
+    and `use_vision_bidirectional_attention` set to `bidirectional`. The
+    encoder is named as in keras-hub's presets (an auto-numbered name
+    differs between two models built in one process)."""
     import keras_hub
     from keras_hub.src.models.gemma4.gemma4_vision_encoder import (
         Gemma4VisionEncoder,
