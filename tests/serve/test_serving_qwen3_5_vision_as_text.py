@@ -69,14 +69,10 @@ def test_greedy_matches_greedy_by_the_forward_pass(served):
     weights are the vision model's, and its logits on text equal the
     vision model's (`test_qwen3_5_vision_export.py`; the prompt logprobs
     below are checked against the vision model itself)."""
-    text_model, model, engine = served
-
-    def greedy(_, ids, new_tokens, stops):
-        return reference.greedy_by_forward_pass(
-            text_model, ids, new_tokens, stops
-        )
-
-    serving_checks.check_greedy_matches_generate(engine, model, greedy=greedy)
+    text_model, _, engine = served
+    serving_checks.check_greedy_matches_generate(
+        engine, text_model, greedy=reference.greedy_by_forward_pass
+    )
 
 
 def test_prompt_logprobs_match_the_forward_pass_without_images(served):
