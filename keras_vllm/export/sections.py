@@ -204,8 +204,8 @@ def golden_alongside(
     def record():
         with progress.verbosity(False), as_stored():
             news = reference.greedy_batch(
-                causal_lm, prompt_ids, max_new_tokens, stop_token_ids,
-                golden_ref,
+                _reference_model(causal_lm, golden_ref), prompt_ids,
+                max_new_tokens, stop_token_ids, golden_ref,
             )
         outputs = [
             {"prompt": text, "prompt_ids": ids, "output_ids": new}
@@ -223,3 +223,23 @@ def golden_alongside(
         ) as phase:
             pool.shutdown(wait=True)
             phase.advance(len(prompts))
+
+
+def _reference_model(causal_lm, golden_ref):
+    """The model whose forward pass gives the golden outputs: `causal_lm`,
+    or, when it carries encoders and is served as its text decoder, that
+    decoder (the forward pass is called with `token_ids` and
+    `padding_mask` only, which a backbone with encoder inputs does not
+    take; on text the decoder computes what the whole model computes).
+    Built at recording time, so it holds the values `as_stored` set."""
+    if golden_ref != "forward_pass":
+        return causal_lm
+    from keras_vllm.layers.swap import text_decoder_config
+    from keras_vllm.load.text_decoder import text_backbone
+
+    if text_decoder_config(causal_lm.backbone) is None:
+        return causal_lm
+    return type(causal_lm)(
+        backbone=text_backbone(causal_lm.backbone),
+        preprocessor=causal_lm.preprocessor,
+    )

@@ -53,6 +53,7 @@ ROLE_SUFFIX = {
 }
 
 _REGISTERED_NAME = re.compile(r"keras_hub>([A-Za-z][A-Za-z0-9_]{0,99})")
+_CLASS_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}")
 
 _MODULE = re.compile(r"keras_hub(\.[A-Za-z_][A-Za-z0-9_]{0,99}){1,10}")
 
@@ -85,8 +86,16 @@ def check_config_values(value, where, depth=0):
                 isinstance(module, str)
                 and _MODULE.fullmatch(module) is not None
                 and isinstance(registered, str)
-                and _REGISTERED_NAME.fullmatch(registered) is not None
-                and registered.split(">", 1)[1] == value.get("class_name")
+                and (
+                    _REGISTERED_NAME.fullmatch(registered) is not None
+                    and registered.split(">", 1)[1] == value.get("class_name")
+                    # A keras-hub class its package never registered (Qwen
+                    # 3.5's `Qwen3_5VisionEncoder`) serializes under its bare
+                    # name; Keras resolves it from its keras-hub module, and
+                    # only keras-hub's (`_MODULE`).
+                    or _CLASS_NAME.fullmatch(registered) is not None
+                    and registered == value.get("class_name")
+                )
             )
             if not (dtype_policy or keras_hub_class):
                 fail(

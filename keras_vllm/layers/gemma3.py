@@ -175,7 +175,11 @@ class Gemma3Images:
         return x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
 
     @staticmethod
-    def decode(backbone, embeddings, padding_mask, vision_mask):
+    def decode(
+        backbone, embeddings, padding_mask, vision_mask, token_ids=None,
+        image_mask=None,
+    ):
+        # Gemma 3's layers read only the embeddings.
         x = embeddings
         for layer in backbone.transformer_layers:
             x = layer(x, padding_mask=padding_mask, vision_mask=vision_mask)

@@ -25,8 +25,9 @@ experts' renormalised probabilities; the expert bank then computes only
 those experts (GELU-gated, each scaled by its `per_expert_scale`).
 
 A backbone with a vision encoder whose preprocessor takes images serves
-them (`layers/gemma4_images.py`); otherwise, or with an audio encoder's
-inputs, it serves its text decoder (registered below): text prompts only.
+them (`layers/gemma4_images.py`, E2B / E4B included); otherwise, or with
+an audio encoder's inputs, it serves its text decoder (registered below):
+text prompts only. Chat: `GEMMA4_CHAT_TEMPLATE` (below).
 Embedding models (bidirectional attention) are refused.
 """
 
@@ -44,6 +45,7 @@ from keras_vllm.layers.common import expert_groups
 from keras_vllm.layers.common.base import KVCacheSpec
 from keras_vllm.layers.common.base import PagedAttention
 from keras_vllm.layers.common.context import current_context
+from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 from keras_vllm.layers.common.registry import register_raw_kernel_readers
 from keras_vllm.layers.common.registry import register_text_decoder
@@ -166,6 +168,37 @@ class RoutedGemma4MoEBlock(Gemma4MoEBlock, RoutedExperts):
             x, weights * scale, experts, num_valid,
             grouped_kernel=expert_groups.tpu_kernel_fits(mesh),
         )
+
+
+# Gemma 4's instruction-tuned presets chat in turns written
+# `<|turn>ROLE\n...<turn|>\n` (roles `system`, `user`, `model`), the model's
+# turn opened by `<|turn>model\n`. A message's content may be a string or a
+# list of parts (OpenAI chat, which vLLM passes as parts): each image part
+# is written as the image marker `<|image|>` where it stands, the place
+# `Gemma4CausalLMPreprocessor` expands it to `<|image>`, the placeholders
+# and `<image|>` (`gemma4_image_inputs`); text is trimmed, as a string
+# content is.
+GEMMA4_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% set state = namespace(text='') %}"
+    "{% for m in messages %}"
+    "{% if m['content'] is string %}"
+    "{% set state.text = m['content'] | trim %}"
+    "{% else %}{% set state.text = '' %}"
+    "{% for part in m['content'] %}"
+    "{% if part['type'] == 'image' %}"
+    "{% set state.text = state.text ~ '<|image|>' %}"
+    "{% elif part['type'] == 'text' %}"
+    "{% set state.text = state.text ~ (part['text'] | trim) %}"
+    "{% endif %}{% endfor %}{% endif %}"
+    "<|turn>{{ 'model' if m['role'] in ('assistant', 'model') else "
+    "('system' if m['role'] in ('system', 'developer') else 'user') }}\n"
+    "{{ state.text }}<turn|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|turn>model\n{% endif %}"
+)
+register_chat_template(
+    "Gemma4Tokenizer", GEMMA4_CHAT_TEMPLATE, tokens=("<|turn>", "<turn|>")
+)
 
 
 @register_text_decoder(Gemma4Backbone)

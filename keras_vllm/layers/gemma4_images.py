@@ -24,13 +24,18 @@ KerasHub 0.32's Gemma 4 takes images at variable resolution:
   placeholders of one image attend to each other in both directions on
   the sliding-window layers only ((causal and window) or same image); the
   global layers stay causal (`PagedGemma4TextAttention` attends them with
-  `image_spans=False`); without it (E2B / E4B) every layer is causal.
+  `image_spans=False`); without it (E2B / E4B) every layer is causal;
+* with per-layer embeddings (E2B / E4B) each layer also takes a per-layer
+  input from the token ids, image placeholders read as id 0 (as Hugging
+  Face masks them), and from the merged embeddings (image rows included):
+  `decode` computes them as the backbone does from the ids and placeholder
+  mask the served model class passes.
 
 What is not served with images (the artifact then serves the text decoder,
-text prompts only, as before): per-layer embeddings (E2B / E4B: their
-per-layer token ids zero the placeholders, which the split below does not
-feed), bidirectional images with KV-shared layers (the image-span kernel
-writes the cache it reads) or with an image longer than the sliding window
+text prompts only, as before): bidirectional images with KV-shared layers
+(the image-span kernel writes the cache it reads; a KV-shared layer reads
+another layer's, so its placeholders could not see their image's later
+rows) or with an image longer than the sliding window
 (the kernel's window around an image is `|q - k| < window`, equal to
 KerasHub's only for images within the window). Audio and video are not
 served.
@@ -90,8 +95,6 @@ def _servable_with_images(backbone, preprocessor):
     """Whether the served split below computes what KerasHub does."""
     tokens = int(preprocessor.num_vision_tokens_per_image)
     converter = preprocessor.image_converter
-    if backbone.hidden_size_per_layer_input > 0:
-        return False
     if tokens > int(converter.max_soft_tokens):
         return False  # KerasHub's interleaving fails on it too.
     for block in backbone.transformer_layers:
@@ -109,7 +112,7 @@ def _servable_with_images(backbone, preprocessor):
 @register_image_model(Gemma4Backbone)
 class Gemma4Images:
     """Gemma 4's backbone graph, split where images enter it (dense and
-    MoE decoders without per-layer embeddings)."""
+    MoE decoders, and E2B / E4B with per-layer embeddings)."""
 
     # KerasHub 0.32's cached `generate()` attends causally among an image's
     # placeholders (its decoder blocks add the image mask only without a
@@ -136,8 +139,14 @@ class Gemma4Images:
         return backbone.token_embedding(token_ids)
 
     @staticmethod
-    def decode(backbone, embeddings, padding_mask, vision_mask):
-        x = embeddings * ops.cast(ops.sqrt(backbone.hidden_dim), embeddings.dtype)
+    def decode(
+        backbone, embeddings, padding_mask, vision_mask, token_ids=None,
+        image_mask=None,
+    ):
+        x = embeddings * ops.cast(
+            ops.sqrt(backbone.hidden_dim), embeddings.dtype
+        )
+        per_layer = _per_layer_inputs(backbone, x, token_ids, image_mask)
         shared = {}
         for i, layer in enumerate(backbone.transformer_layers):
             shared_kv = None
@@ -145,6 +154,42 @@ class Gemma4Images:
                 shared_kv = shared.get(layer.kv_shared_layer_index)
             x, shared[i] = layer(
                 x, padding_mask=padding_mask, vision_mask=vision_mask,
+                per_layer_input=None if per_layer is None else per_layer[i],
                 shared_kv=shared_kv,
             )
         return backbone.layer_norm(x)
+
+
+def _per_layer_inputs(backbone, x, token_ids, image_mask):
+    """Each layer's per-layer input (E2B / E4B), or None without them.
+
+    As `Gemma4Backbone`'s graph: an embedding of the token ids (image
+    placeholders read id 0, the pad id, as Hugging Face masks them) scaled
+    by `sqrt(width)`, plus the RMS-normed projection of the merged, scaled
+    embeddings `x` (image rows included) scaled by `hidden_dim ** -0.5`,
+    each layer's slice summed and scaled by `2 ** -0.5`.
+    """
+    width = int(backbone.hidden_size_per_layer_input)
+    if width <= 0:
+        return None
+    if token_ids is None or image_mask is None:
+        raise ValueError(
+            "Gemma 4 with per-layer embeddings decodes from its token ids "
+            "and image placeholder mask too (`token_ids=`, `image_mask=`)."
+        )
+    ids = ops.where(
+        ops.cast(image_mask, "bool"), ops.zeros_like(token_ids), token_ids
+    )
+    embedded = ops.cast(backbone.per_layer_token_embedding(ids), x.dtype)
+    embedded = embedded * ops.cast(float(width) ** 0.5, x.dtype)
+    projected = backbone.per_layer_model_projection(x)
+    projected = projected * ops.cast(
+        float(backbone.hidden_dim) ** -0.5, projected.dtype
+    )
+    half = ops.cast(2.0**-0.5, x.dtype)
+    return [
+        (backbone.per_layer_projection_norm(
+            projected[:, :, i * width:(i + 1) * width]
+        ) + embedded[:, :, i * width:(i + 1) * width]) * half
+        for i in range(len(backbone.transformer_layers))
+    ]

@@ -29,6 +29,7 @@ time. Greedy decoding by the forward pass is the reference
 
 from keras import ops
 from keras_hub.src.models.qwen3_5.qwen3_5_attention import Qwen3_5Attention
+from keras_hub.src.models.qwen3_5.qwen3_5_backbone import Qwen3_5Backbone
 from keras_hub.src.models.qwen3_5.qwen3_5_gated_delta_net import (
     Qwen3_5GatedDeltaNet,
 )
@@ -38,6 +39,7 @@ from keras_vllm.layers.common.base import PagedAttention
 from keras_vllm.layers.common.recurrent_state import PagedRecurrentState
 from keras_vllm.layers.common.recurrent_state import StateSpec
 from keras_vllm.layers.common.registry import register_paged
+from keras_vllm.layers.common.registry import register_text_decoder
 from keras_vllm.layers.common.rotary_attention import rotate_partially
 
 
@@ -139,3 +141,16 @@ class PagedQwen3_5GatedDeltaNet(Qwen3_5GatedDeltaNet, PagedRecurrentState):
         out = self.out_proj(ops.reshape(core, (tokens, 1, self.value_dim)))
         return (out, cache) if cache is not None else out
 
+
+
+@register_text_decoder(Qwen3_5Backbone)
+def qwen3_5_text_decoder(config):
+    """Qwen 3.5 without its vision encoder: the same decoder layers, names
+    and variables (`Qwen3_5Backbone` builds no interleave layer then). On a
+    text prompt the full model scatters no vision rows into its embeddings
+    and its functional graph passes no M-RoPE positions (the attention
+    layers rotate by 1D positions either way), so it computes what the
+    text-only model computes."""
+    if config.get("vision_encoder") is None:
+        return None
+    return dict(config, vision_encoder=None)

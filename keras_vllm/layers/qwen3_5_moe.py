@@ -16,14 +16,21 @@ subclass computes each token's top-k experts only
   computes it;
 - plus a shared SwiGLU expert (`shared_expert`, separate gate and up
   kernels) scaled per token by `sigmoid(shared_expert_gate(x))`.
+
+A backbone with a vision encoder is exported whole and serves its text
+decoder, as Qwen 3.5's (`qwen3_5_moe_text_decoder`).
 """
 
 from keras import ops
+from keras_hub.src.models.qwen3_5_moe.qwen3_5_moe_backbone import (
+    Qwen3_5MoeBackbone,
+)
 from keras_hub.src.models.qwen3_5_moe.qwen3_5_moe_decoder import (
     Qwen3_5MoeSparseMoeBlock,
 )
 
 from keras_vllm.layers.common.registry import register_paged
+from keras_vllm.layers.common.registry import register_text_decoder
 from keras_vllm.layers.common.routed_experts import RoutedExperts
 from keras_vllm.layers.common.routed_experts import softmax_top_k
 
@@ -57,3 +64,13 @@ class RoutedQwen3_5MoeSparseMoeBlock(Qwen3_5MoeSparseMoeBlock, RoutedExperts):
     def shared_expert_output(self, tokens):
         gate = ops.sigmoid(self._shared_expert_gate(tokens))
         return gate * self.shared_expert(tokens)
+
+
+@register_text_decoder(Qwen3_5MoeBackbone)
+def qwen3_5_moe_text_decoder(config):
+    """Qwen 3.5 MoE without its vision encoder: the same decoder layers,
+    names and variables; on a text prompt the full model computes the same
+    (no vision rows scattered, no M-RoPE positions passed)."""
+    if config.get("vision_encoder") is None:
+        return None
+    return dict(config, vision_encoder=None)

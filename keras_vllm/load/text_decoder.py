@@ -29,6 +29,17 @@ def served_backbone(backbone, manifest):
     """
     if not fmt.unserved_inputs(manifest):
         return backbone
+    return text_backbone(backbone)
+
+
+def text_backbone(backbone):
+    """`backbone`'s text decoder alone: the same class built from its
+    family's text-only config, holding the backbone's decoder arrays.
+
+    Raises:
+        UnsupportedModelError: when no text decoder is registered for the
+            backbone's class, or the backbone has no encoder.
+    """
     config = text_decoder_config(backbone)
     if config is None:
         raise UnsupportedModelError(

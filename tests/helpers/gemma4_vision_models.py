@@ -2,7 +2,8 @@
 
 `with_image_preprocessor` adds a (random) tiny `Gemma4VisionEncoder` to a
 trained tiny Gemma 4 (its decoder weights are the trained ones), turns on
-the 26B / 31B presets' bidirectional attention within images, and gives it
+the 26B / 31B presets' bidirectional attention within images (off for an
+E2B / E4B-like model, as in those presets), and gives it
 KerasHub's `Gemma4CausalLMPreprocessor` with a tiny variable-resolution
 image converter: patches of 4 pixels, at most 4 soft tokens (16 patches,
 pooled 2 x 2) per image, 4 placeholder tokens per image, as the presets
@@ -16,11 +17,11 @@ TOKENS_PER_IMAGE = 4
 MARKER = "<|image|>"
 
 
-def with_vision_encoder(text_lm, preprocessor=None):
+def with_vision_encoder(text_lm, preprocessor=None, bidirectional=True):
     """`text_lm` (a Gemma 4 `CausalLM`) with a tiny vision encoder added
-    and `use_vision_bidirectional_attention` on. The encoder is named as in
-    keras-hub's presets (an auto-numbered name differs between two models
-    built in one process)."""
+    and `use_vision_bidirectional_attention` set to `bidirectional`. The
+    encoder is named as in keras-hub's presets (an auto-numbered name
+    differs between two models built in one process)."""
     import keras_hub
     from keras_hub.src.models.gemma4.gemma4_vision_encoder import (
         Gemma4VisionEncoder,
@@ -35,7 +36,7 @@ def with_vision_encoder(text_lm, preprocessor=None):
         position_embedding_size=16, name="gemma4_vision_encoder",
     )
     config["image_size"] = 16
-    config["use_vision_bidirectional_attention"] = True
+    config["use_vision_bidirectional_attention"] = bidirectional
     backbone = keras_hub.models.Gemma4Backbone(**config)
     text_vars = weight_io.ordered_variables(text_lm.backbone)
     position = 0
@@ -52,7 +53,9 @@ def with_vision_encoder(text_lm, preprocessor=None):
     )
 
 
-def with_image_preprocessor(text_lm, max_images_per_prompt=2):
+def with_image_preprocessor(
+    text_lm, max_images_per_prompt=2, bidirectional=True
+):
     """`text_lm` with a vision encoder and KerasHub's Gemma 4 preprocessor
     (which needs TensorFlow) taking images (the presets' rescale to
     [-1, 1])."""
@@ -69,4 +72,4 @@ def with_image_preprocessor(text_lm, max_images_per_prompt=2):
         max_images_per_prompt=max_images_per_prompt,
         sequence_length=text_lm.preprocessor.sequence_length,
     )
-    return with_vision_encoder(text_lm, preprocessor)
+    return with_vision_encoder(text_lm, preprocessor, bidirectional)

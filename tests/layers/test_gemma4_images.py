@@ -2,8 +2,9 @@
 (`layers/gemma4_images.py`): the artifact's converter settings rebuild the
 preprocessor's patches (`hub/images.py::image_model_inputs`), and logits
 from the split (one image per encoder call, merged embeddings, decoder)
-equal the whole Keras model's forward pass with images (Keras-side only,
-no engine)."""
+equal the whole Keras model's forward pass with images, for the dense
+model and for an E2B-like one (per-layer embeddings fed from the token ids,
+KV-shared layers, causal images) (Keras-side only, no engine)."""
 
 import numpy as np
 import pytest
@@ -23,6 +24,15 @@ def model():
     # The engine test's model (one fine-tune per session for both).
     return g4.with_image_preprocessor(
         trained("gemma4", enable_moe_block=False, num_layers=7)
+    )
+
+
+@pytest.fixture(scope="module")
+def e2b_model():
+    # The engine test's E2B-like model: causal images, as the E2B / E4B
+    # presets.
+    return g4.with_image_preprocessor(
+        trained("gemma4_e2b"), bidirectional=False
     )
 
 
@@ -54,9 +64,15 @@ def test_settings_rebuild_the_preprocessors_patches(model):
         )
 
 
-def test_logits_from_merged_embeddings_equal_the_forward_pass(model):
+@pytest.mark.parametrize("which", ["dense", "e2b"])
+def test_logits_from_merged_embeddings_equal_the_forward_pass(
+    which, request
+):
     import jax.numpy as jnp
 
+    model = request.getfixturevalue(
+        {"dense": "model", "e2b": "e2b_model"}[which]
+    )
     backbone = model.backbone
     parts = image_inputs.image_model(type(backbone))
     settings = image_inputs.image_settings(model)
@@ -82,10 +98,34 @@ def test_logits_from_merged_embeddings_equal_the_forward_pass(model):
             jnp.asarray(text), jnp.asarray(rows), jnp.asarray(placeholder)
         )
         hidden = parts.decode(
-            backbone, merged[None], x["padding_mask"], x["vision_mask"]
+            backbone, merged[None], x["padding_mask"], x["vision_mask"],
+            token_ids=ids, image_mask=placeholder[None],
         )
         logits = np.asarray(backbone.token_embedding(hidden, reverse=True))
         np.testing.assert_allclose(logits, want, atol=1e-5)
+
+
+def test_e2b_images_are_served_causal_and_refused_bidirectional(e2b_model):
+    """E2B / E4B (per-layer embeddings, KV-shared layers) serve images with
+    causal attention, as their presets; made bidirectional, a KV-shared
+    layer would need the image-span kernel to read a cache it does not
+    write, so the model then serves text only (no image settings)."""
+    settings = image_inputs.image_settings(e2b_model)
+    assert settings["attention"] == "causal"
+    assert e2b_model.backbone.hidden_size_per_layer_input > 0
+    bidirectional = g4.with_vision_encoder(
+        e2b_model, e2b_model.preprocessor, bidirectional=True
+    )
+    assert image_inputs.image_settings(bidirectional) is None
+
+
+def test_e2b_decode_needs_the_token_ids(e2b_model):
+    backbone = e2b_model.backbone
+    parts = image_inputs.image_model(type(backbone))
+    x = np.zeros((1, 3, backbone.hidden_dim), "float32")
+    ones = np.ones((1, 3), "int32")
+    with pytest.raises(ValueError, match="token ids"):
+        parts.decode(backbone, x, ones, ones * 0)
 
 
 def test_patches_converter_is_a_format_1_11_field(model):

@@ -136,3 +136,49 @@ def test_gemma3_template_places_image_parts_and_keeps_text_rendering():
         "<bos><start_of_turn>user\nBe brief.\n\nCompare<start_of_image>with"
         "<start_of_image><end_of_turn>\n<start_of_turn>model\n"
     )
+
+
+def test_gemma4_template_writes_turns_and_places_image_parts():
+    from vllm.renderers.hf import _detect_content_format
+
+    from keras_vllm.layers.gemma4 import GEMMA4_CHAT_TEMPLATE
+    from keras_vllm.serve.tokenizer import chat
+
+    def render(messages, add_generation_prompt=True):
+        return chat.render(
+            GEMMA4_CHAT_TEMPLATE, messages, path="artifact",
+            add_generation_prompt=add_generation_prompt, bos_token="<bos>",
+        )
+
+    text = [
+        {"role": "system", "content": " Be brief. "},
+        {"role": "user", "content": " hi "},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "again"},
+    ]
+    assert render(text) == (
+        "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nhi<turn|>\n"
+        "<|turn>model\nyo<turn|>\n<|turn>user\nagain<turn|>\n"
+        "<|turn>model\n"
+    )
+    assert render(text, add_generation_prompt=False).endswith(
+        "again<turn|>\n"
+    )
+    # vLLM hands this template content parts ("openai" format); text parts
+    # render as string content does.
+    assert _detect_content_format(
+        GEMMA4_CHAT_TEMPLATE, default="string"
+    ) == "openai"
+    as_parts = [
+        {"role": m["role"], "content": [{"type": "text", "text": m["content"]}]}
+        for m in text
+    ]
+    assert render(as_parts) == render(text)
+    parts = [{"role": "user", "content": [
+        {"type": "text", "text": "Compare "}, {"type": "image"},
+        {"type": "text", "text": " with"}, {"type": "image"},
+    ]}]
+    assert render(parts) == (
+        "<bos><|turn>user\nCompare<|image|>with<|image|><turn|>\n"
+        "<|turn>model\n"
+    )

@@ -8,8 +8,10 @@ model's greedy tokens on the same images (Gemma 3: `generate()`'s; Gemma 4:
 the forward pass's, see `FAMILIES`); prompt logprobs of the text tokens
 equal the Keras forward pass; bad image requests are refused by name; the
 golden image prompts recorded at export replay on the engine (one engine
-per family). Gemma 3 also: `engine.chat` with an `image_url` part gives
-`generate()`'s tokens on the rendered prompt. Over HTTP:
+per family). Gemma 4 E2B-like (per-layer embeddings, KV-shared layers,
+causal images) too. Gemma 3 and Gemma 4: `engine.chat` with an
+`image_url` part gives the Keras reference's tokens on the prompt the
+family's chat template renders. Over HTTP:
 `test_serving_images_http.py`."""
 
 import numpy as np
@@ -53,6 +55,18 @@ FAMILIES = {
         # both ways) reach the text tokens.
         lambda: gemma4_vision_models.with_image_preprocessor(
             trained("gemma4", enable_moe_block=False, num_layers=7)
+        ),
+        gemma4_vision_models.MARKER,
+        ((20, 40), (40, 12), (16, 16)),
+        "forward",
+        (4, 106, (16, 16)),
+    ),
+    "gemma4_e2b": (
+        # E2B-like: per-layer embeddings (fed from the token ids, image
+        # placeholders as id 0), KV-shared layers, images attended
+        # causally as in the E2B / E4B presets.
+        lambda: gemma4_vision_models.with_image_preprocessor(
+            trained("gemma4_e2b"), bidirectional=False
         ),
         gemma4_vision_models.MARKER,
         ((20, 40), (40, 12), (16, 16)),
@@ -287,16 +301,34 @@ def test_bad_image_requests_are_refused_by_name(served):
     assert engine.generate(["the"])[0].outputs[0].token_ids
 
 
-@pytest.mark.parametrize("served", ["gemma3"], indirect=True)
+# The chat template each family registers (`layers/gemma3.py`,
+# `layers/gemma4.py`) and the prompt it renders for the message below.
+CHATS = {
+    "gemma3": (
+        "keras_vllm.layers.gemma3", "GEMMA3_CHAT_TEMPLATE",
+        "<start_of_turn>user\nlook at{m}now<end_of_turn>\n"
+        "<start_of_turn>model\n",
+    ),
+    "gemma4": (
+        "keras_vllm.layers.gemma4", "GEMMA4_CHAT_TEMPLATE",
+        "<|turn>user\nlook at{m}now<turn|>\n<|turn>model\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("served", sorted(CHATS), indirect=True)
 def test_chat_with_image_parts_matches_generate(served):
-    """`engine.chat` with an `image_url` part (a data: URL): Gemma 3's chat
-    template writes the image marker where the part stands."""
+    """`engine.chat` with an `image_url` part (a data: URL): the family's
+    chat template writes the image marker where the part stands, and the
+    engine gives the Keras reference's tokens on the rendered prompt."""
+    import importlib
+
     from vllm import SamplingParams
 
-    from keras_vllm.layers.gemma3 import GEMMA3_CHAT_TEMPLATE
-
-    _, model, engine = served
-    image = _images("gemma3", 0, 1)
+    family, model, engine = served
+    module, name, rendered = CHATS[family]
+    template = getattr(importlib.import_module(module), name)
+    image = _images(family, 0, 1)
     messages = [{"role": "user", "content": [
         {"type": "text", "text": "look at"},
         {"type": "image_url",
@@ -306,20 +338,26 @@ def test_chat_with_image_parts_matches_generate(served):
     params = SamplingParams(
         temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True
     )
-    out = engine.chat(messages, params, chat_template=GEMMA3_CHAT_TEMPLATE)[0]
+    out = engine.chat(messages, params, chat_template=template)[0]
     want_prompt, want = _keras_greedy(
-        model,
-        f"<start_of_turn>user\nlook at{_marker('gemma3')}now<end_of_turn>\n"
-        "<start_of_turn>model\n",
-        image,
+        model, rendered.format(m=_marker(family)), image, _reference(family)
     )
     assert list(out.prompt_token_ids) == want_prompt
     assert list(out.outputs[0].token_ids) == want
+    # String content renders as the same turns.
+    text = engine.chat(
+        [{"role": "user", "content": "look at now"}], params,
+        chat_template=template,
+    )[0]
+    want_prompt, want = _keras_greedy(
+        model, rendered.format(m=" "), None, _reference(family)
+    )
+    assert list(text.prompt_token_ids) == want_prompt
+    assert list(text.outputs[0].token_ids) == want
     audio = {"type": "input_audio",
              "input_audio": {"data": "UklGRg==", "format": "wav"}}
     with pytest.raises(keras_vllm.RequestError, match="text and images only"):
         engine.chat(
-            [{"role": "user", "content": [audio]}],
-            chat_template=GEMMA3_CHAT_TEMPLATE,
+            [{"role": "user", "content": [audio]}], chat_template=template,
         )
     assert engine.generate(["the"])[0].outputs[0].token_ids

@@ -81,8 +81,11 @@ def register_image_model(backbone_cls):
     `[N, tokens_per_image, hidden]`, the rows that replace the
     placeholders), `embed_tokens(backbone, token_ids)` (`[B, T]` ->
     `[B, T, hidden]`, as the backbone embeds text) and
-    `decode(backbone, embeddings, padding_mask, vision_mask)` (the decoder
-    layers and final norm over merged embeddings: `[B, T, hidden]`).
+    `decode(backbone, embeddings, padding_mask, vision_mask, token_ids=,
+    image_mask=)` (the decoder layers and final norm over merged
+    embeddings: `[B, T, hidden]`; `token_ids` `[B, T]` and `image_mask`
+    `bool[B, T]` (the image placeholders) for layers that also take
+    per-token inputs of their own).
     A class attribute `generate_is_exact = False` says that KerasHub's
     cached `generate()` on image prompts is not the model's forward pass
     (what training and keras-vllm run): golden image outputs are then

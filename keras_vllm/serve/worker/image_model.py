@@ -209,9 +209,16 @@ class KerasVllmForConditionalGeneration(KerasVllmForCausalLM):
         # vLLM's T tokens run as T sequences of one token.
         x = ops.expand_dims(inputs_embeds, axis=1)
         ones = ops.ones((num_tokens, 1), "int32")
+        # The ids too: a family's layers may take per-token inputs of
+        # their own (Gemma 4 E2B's per-layer embeddings).
+        token_ids = image_mask = None
+        if input_ids is not None:
+            token_ids = ops.expand_dims(input_ids, axis=1)
+            image_mask = token_ids == self.placeholder_token_id
         with serving_context(context):
             hidden = self.image_model.decode(
-                self.backbone, x, ones, ops.zeros_like(ones)
+                self.backbone, x, ones, ops.zeros_like(ones),
+                token_ids=token_ids, image_mask=image_mask,
             )
         context.check_all_used_once()
         return context.kv_caches, hidden[:, 0, :], [], None
