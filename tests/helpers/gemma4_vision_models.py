@@ -17,17 +17,24 @@ TOKENS_PER_IMAGE = 4
 MARKER = "<|image|>"
 
 
-def with_vision_encoder(text_lm, preprocessor=None, bidirectional=True):
+def with_vision_encoder(
+    text_lm, preprocessor=None, bidirectional=True, seed=0
+):
     """`text_lm` (a Gemma 4 `CausalLM`) with a tiny vision encoder added
     and `use_vision_bidirectional_attention` set to `bidirectional`. The
     encoder is named as in keras-hub's presets (an auto-numbered name
     differs between two models built in one process)."""
+    import keras
     import keras_hub
     from keras_hub.src.models.gemma4.gemma4_vision_encoder import (
         Gemma4VisionEncoder,
     )
     from keras_vllm.hub import weights as weight_io
 
+    # The encoder's weights are random: seeded, so that every process
+    # builds the same model whatever ran before it (a test comparing
+    # two references on it must not depend on test order).
+    keras.utils.set_random_seed(seed)
     config = text_lm.backbone.get_config()
     config["vision_encoder"] = Gemma4VisionEncoder(
         image_size=16, patch_size=PATCH_SIZE, num_heads=2, hidden_dim=16,

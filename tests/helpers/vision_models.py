@@ -14,19 +14,24 @@ IMAGE_SIZE = 16
 TOKENS_PER_IMAGE = 4
 
 
-def with_vision_encoder(text_lm, preprocessor=None):
+def with_vision_encoder(text_lm, preprocessor=None, seed=0):
     """`text_lm` (a Gemma 3 `CausalLM`) with a tiny vision encoder added.
 
     The encoder is named as in keras-hub's presets (an auto-numbered name
     differs between two models built in one process, and an update keeps
     the served config).
     """
+    import keras
     import keras_hub
     from keras_hub.src.models.gemma3.gemma3_vision_encoder import (
         Gemma3VisionEncoder,
     )
     from keras_vllm.hub import weights as weight_io
 
+    # The encoder's weights are random: seeded, so that every process
+    # builds the same model whatever ran before it (a test comparing
+    # two references on it must not depend on test order).
+    keras.utils.set_random_seed(seed)
     config = text_lm.backbone.get_config()
     config["vision_encoder"] = Gemma3VisionEncoder(
         image_size=IMAGE_SIZE, patch_size=4, num_heads=2, hidden_dim=16,
