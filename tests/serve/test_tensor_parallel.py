@@ -55,6 +55,9 @@ CASES += [("gemma4", 2), ("gemma4_e2b", 2)]
 # layer. Its family engine settings (4 state slots, 32-token chunked
 # prefill), so the state also crosses chunks on the split mesh.
 CASES.append(("qwen3_5", 2))
+# Qwen 3.5 MoE at TP=2: the same split of the linear layers, plus routed
+# experts (fused `[gate | up]`) and the sigmoid-gated shared expert.
+CASES.append(("qwen3_5_moe", 2))
 
 
 @pytest.fixture(
