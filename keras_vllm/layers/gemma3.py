@@ -24,6 +24,7 @@ from keras import ops
 
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.layers.common.gemma_attention import GemmaPagedAttention
+from keras_vllm.layers.common.image_inputs import chat_content_jinja
 from keras_vllm.layers.common.image_inputs import plain_number
 from keras_vllm.layers.common.image_inputs import register_image_inputs
 from keras_vllm.layers.common.image_inputs import register_image_model
@@ -76,16 +77,8 @@ class PagedGemma3Attention(CachedGemma3Attention, GemmaPagedAttention):
 GEMMA3_CHAT_TEMPLATE = (
     "{{ bos_token }}{% set state = namespace(system='', text='') %}"
     "{% for m in messages %}"
-    "{% if m['content'] is string %}"
-    "{% set state.text = m['content'] | trim %}"
-    "{% else %}{% set state.text = '' %}"
-    "{% for part in m['content'] %}"
-    "{% if part['type'] == 'image' %}"
-    "{% set state.text = state.text ~ '<start_of_image>' %}"
-    "{% elif part['type'] == 'text' %}"
-    "{% set state.text = state.text ~ (part['text'] | trim) %}"
-    "{% endif %}{% endfor %}{% endif %}"
-    "{% if m['role'] == 'system' %}"
+    + chat_content_jinja("<start_of_image>")
+    + "{% if m['role'] == 'system' %}"
     "{% set state.system = state.text ~ '\\n\\n' %}"
     "{% else %}"
     "<start_of_turn>{{ 'model' if m['role'] in ('assistant', 'model') "

@@ -45,6 +45,7 @@ from keras_vllm.layers.common import expert_groups
 from keras_vllm.layers.common.base import KVCacheSpec
 from keras_vllm.layers.common.base import PagedAttention
 from keras_vllm.layers.common.context import current_context
+from keras_vllm.layers.common.image_inputs import chat_content_jinja
 from keras_vllm.layers.common.registry import register_chat_template
 from keras_vllm.layers.common.registry import register_paged
 from keras_vllm.layers.common.registry import register_raw_kernel_readers
@@ -181,16 +182,8 @@ class RoutedGemma4MoEBlock(Gemma4MoEBlock, RoutedExperts):
 GEMMA4_CHAT_TEMPLATE = (
     "{{ bos_token }}{% set state = namespace(text='') %}"
     "{% for m in messages %}"
-    "{% if m['content'] is string %}"
-    "{% set state.text = m['content'] | trim %}"
-    "{% else %}{% set state.text = '' %}"
-    "{% for part in m['content'] %}"
-    "{% if part['type'] == 'image' %}"
-    "{% set state.text = state.text ~ '<|image|>' %}"
-    "{% elif part['type'] == 'text' %}"
-    "{% set state.text = state.text ~ (part['text'] | trim) %}"
-    "{% endif %}{% endfor %}{% endif %}"
-    "<|turn>{{ 'model' if m['role'] in ('assistant', 'model') else "
+    + chat_content_jinja("<|image|>")
+    + "<|turn>{{ 'model' if m['role'] in ('assistant', 'model') else "
     "('system' if m['role'] in ('system', 'developer') else 'user') }}\n"
     "{{ state.text }}<turn|>\n"
     "{% endfor %}"

@@ -10,6 +10,8 @@ pooled 2 x 2) per image, 4 placeholder tokens per image, as the presets
 ship (16-pixel patches, 280 soft tokens pooled 3 x 3).
 """
 
+from helpers import vision_backbones
+
 PATCH_SIZE = 4
 MAX_SOFT_TOKENS = 4
 POOLING = 2
@@ -29,7 +31,6 @@ def with_vision_encoder(
     from keras_hub.src.models.gemma4.gemma4_vision_encoder import (
         Gemma4VisionEncoder,
     )
-    from keras_vllm.hub import weights as weight_io
 
     # The encoder's weights are random: seeded, so that every process
     # builds the same model whatever ran before it (a test comparing
@@ -45,16 +46,7 @@ def with_vision_encoder(
     config["image_size"] = 16
     config["use_vision_bidirectional_attention"] = bidirectional
     backbone = keras_hub.models.Gemma4Backbone(**config)
-    text_vars = weight_io.ordered_variables(text_lm.backbone)
-    position = 0
-    for variable in weight_io.ordered_variables(backbone):
-        source = text_vars[position] if position < len(text_vars) else None
-        if source is not None and weight_io.canonical_path(
-            source.path
-        ) == weight_io.canonical_path(variable.path):
-            variable.assign(source.value)
-            position += 1
-    assert position == len(text_vars)
+    vision_backbones.copy_text_weights(text_lm.backbone, backbone)
     return keras_hub.models.Gemma4CausalLM(
         backbone=backbone, preprocessor=preprocessor or text_lm.preprocessor
     )

@@ -6,12 +6,14 @@ tiny random one to a (trained) tiny text model, keeping its decoder
 weights, with the presets' M-RoPE section set, as the presets load.
 """
 
+from helpers import vision_backbones
+
 # The tiny rotary part is `HEAD_DIM * 0.25 = 4` channels: 2 frequency
 # pairs, split over M-RoPE's temporal / height / width channels.
 MROPE_SECTION = [1, 1, 0]
 
 
-def with_vision_encoder(text_lm):
+def with_vision_encoder(text_lm, seed=0):
     """`text_lm` (a Qwen 3.5 or Qwen 3.5 MoE `CausalLM`) with a tiny
     vision encoder added and its decoder variables copied over.
 
@@ -20,12 +22,13 @@ def with_vision_encoder(text_lm):
     the artifact numbers it again (the loader's variable matcher allows
     that for auto-named layers).
     """
+    import keras
     from keras_hub.src.models.qwen3_5.qwen3_5_vision_encoder import (
         Qwen3_5VisionEncoder,
     )
 
-    from keras_vllm.hub import weights as weight_io
-
+    # Seeded: every process builds the same random encoder.
+    keras.utils.set_random_seed(seed)
     config = text_lm.backbone.get_config()
     config["vision_encoder"] = Qwen3_5VisionEncoder(
         depth=1, hidden_size=16, num_heads=2, intermediate_size=32,
@@ -34,14 +37,5 @@ def with_vision_encoder(text_lm):
     )
     config["mrope_section"] = MROPE_SECTION
     backbone = type(text_lm.backbone)(**config)
-    text_vars = weight_io.ordered_variables(text_lm.backbone)
-    position = 0
-    for variable in weight_io.ordered_variables(backbone):
-        source = text_vars[position] if position < len(text_vars) else None
-        if source is not None and weight_io.canonical_path(
-            source.path
-        ) == weight_io.canonical_path(variable.path):
-            variable.assign(source.value)
-            position += 1
-    assert position == len(text_vars)
+    vision_backbones.copy_text_weights(text_lm.backbone, backbone)
     return type(text_lm)(backbone=backbone, preprocessor=text_lm.preprocessor)

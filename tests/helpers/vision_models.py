@@ -9,6 +9,8 @@ image), as the vision presets ship (896 x 896, 256 tokens).
 
 import numpy as np
 
+from helpers import vision_backbones
+
 # The tiny encoder: 16 x 16 images in 4 x 4 patches, pooled by 2 -> 4 tokens.
 IMAGE_SIZE = 16
 TOKENS_PER_IMAGE = 4
@@ -26,7 +28,6 @@ def with_vision_encoder(text_lm, preprocessor=None, seed=0):
     from keras_hub.src.models.gemma3.gemma3_vision_encoder import (
         Gemma3VisionEncoder,
     )
-    from keras_vllm.hub import weights as weight_io
 
     # The encoder's weights are random: seeded, so that every process
     # builds the same model whatever ran before it (a test comparing
@@ -40,16 +41,7 @@ def with_vision_encoder(text_lm, preprocessor=None, seed=0):
     )
     config["image_size"] = IMAGE_SIZE
     backbone = keras_hub.models.Gemma3Backbone(**config)
-    text_vars = weight_io.ordered_variables(text_lm.backbone)
-    position = 0
-    for variable in weight_io.ordered_variables(backbone):
-        source = text_vars[position] if position < len(text_vars) else None
-        if source is not None and weight_io.canonical_path(
-            source.path
-        ) == weight_io.canonical_path(variable.path):
-            variable.assign(source.value)
-            position += 1
-    assert position == len(text_vars)
+    vision_backbones.copy_text_weights(text_lm.backbone, backbone)
     return keras_hub.models.Gemma3CausalLM(
         backbone=backbone, preprocessor=preprocessor or text_lm.preprocessor
     )

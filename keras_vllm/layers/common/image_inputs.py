@@ -156,3 +156,38 @@ def image_span_limits(is_placeholder, positions, sequence_ids):
         jnp.where(mask, positions, -1), run, num_segments=count
     )
     return jnp.where(mask, last[run], positions).astype(jnp.int32)
+
+
+def chat_content_jinja(marker):
+    """A chat template's Jinja that sets `state.text` to message `m`'s text.
+
+    String content is trimmed; content given as parts (OpenAI chat, which
+    vLLM passes to a template that loops over them) is each image part as
+    `marker`, where it stands (the place the family's preprocessor expands
+    it), and each text part trimmed. The template declares
+    `state = namespace(text='')` and loops `for m in messages`.
+
+    Args:
+        marker: the image marker a prompt holds (`"<start_of_image>"`).
+
+    Example:
+
+    ```python
+    TEMPLATE = (
+        "{% set state = namespace(text='') %}{% for m in messages %}"
+        + chat_content_jinja("<start_of_image>")
+        + "{{ state.text }}\\n{% endfor %}"
+    )
+    ```
+    """
+    return (
+        "{% if m['content'] is string %}"
+        "{% set state.text = m['content'] | trim %}"
+        "{% else %}{% set state.text = '' %}"
+        "{% for part in m['content'] %}"
+        "{% if part['type'] == 'image' %}"
+        f"{{% set state.text = state.text ~ '{marker}' %}}"
+        "{% elif part['type'] == 'text' %}"
+        "{% set state.text = state.text ~ (part['text'] | trim) %}"
+        "{% endif %}{% endfor %}{% endif %}"
+    )
