@@ -10,6 +10,7 @@ engine = keras_vllm.KerasVllmEngine.from_export("exports/my_model")  # vLLM
 """
 
 from keras_vllm import _env  # noqa: F401  (must precede any keras import)
+from keras_vllm.errors import AccessError
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import ConfigurationError
 from keras_vllm.errors import ExportError
@@ -33,6 +34,7 @@ from keras_vllm.export import keras_hub_hooks
 keras_hub_hooks.install()
 
 __all__ = [
+    "AccessError",
     "ArtifactError",
     "ConfigurationError",
     "ExportError",

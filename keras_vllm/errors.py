@@ -50,6 +50,12 @@ class RequestError(ServingError, ValueError):
     serving."""
 
 
+class AccessError(ServingError):
+    """A client may not use a keras-vllm route: it did not send the
+    server's API key, or (on a server without one) it is not on the
+    server's own host. Answered 401 or 403."""
+
+
 class ConfigurationError(KerasVllmError, ValueError):
     """A setting keras-vllm reads (a `KERAS_VLLM_*` or other environment
     variable) has a value it does not accept; the message names the

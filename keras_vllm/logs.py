@@ -7,7 +7,9 @@ Two levels, both undone by `KERAS_VLLM_VERBOSE=1`:
   that is not a TPU VM, "Error getting device name" on CPU devices, vLLM
   missing CUDA kernels it never uses, a "slow tokenizer" warning about
   keras-vllm's own tokenizer, ...). Each is matched by logger name and
-  message, so any other record from the same logger still shows.
+  message, so any other record from the same logger still shows. So is
+  vLLM's second line for a request refused with a keras-vllm error, which
+  keras-vllm logs itself (`serve/frontend/refusal_log.py`).
 - Quiet serving (`KerasVllmEngine.from_export` and the `keras-vllm`
   command unless verbose): vLLM logs warnings and errors only, in the
   engine's processes too. (TensorFlow, which keras-hub imports, prints a
@@ -24,6 +26,7 @@ import tempfile
 
 from keras_vllm import envs
 from keras_vllm import patching
+from keras_vllm.errors import KerasVllmError
 
 # Kept for callers that name the variable.
 VERBOSE_ENV = envs.VERBOSE.name
@@ -69,10 +72,6 @@ FALSE_ALARMS = {
     # a chat template is a choice, not a failure (chat requests get a 400
     # that says how to add one).
     "vllm.renderers.base": (r"Chat template warmup failed.*NoChatTemplateError",),
-    "vllm.renderers.hf": (
-        r"Chat template rejected the request: The keras-vllm artifact "
-        r".* has no chat template",
-    ),
     # Every LoRA request warns once that per-adapter tokenizers are
     # deprecated; a keras-vllm adapter is served with its base's tokenizer.
     "vllm.v1.engine.input_processor": (
@@ -84,6 +83,11 @@ FALSE_ALARMS = {
         r"generation flags are not valid",
     ),
 }
+
+# Loggers on which vLLM repeats, in its own words, a request it fails on a
+# keras-vllm error ("Chat template rejected the request: %s"): keras-vllm
+# logs each refusal itself, once (`serve/frontend/refusal_log.py`).
+ECHOES_OF_REFUSALS = ("vllm.renderers.hf",)
 
 # Set for vLLM's processes in quiet serving, unless the user set them.
 QUIET_ENVIRONMENT = {
@@ -111,8 +115,16 @@ class _DropFalseAlarms(logging.Filter):
         return not self.pattern.search(text)
 
 
+class _DropEchoedRefusals(logging.Filter):
+    def filter(self, record):
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(isinstance(arg, KerasVllmError) for arg in args)
+
+
 def install_false_alarm_filters():
-    """Drops the records in `FALSE_ALARMS` unless verbose was requested.
+    """Drops the records in `FALSE_ALARMS`, and vLLM's echoes of
+    keras-vllm's refusals (`ECHOES_OF_REFUSALS`), unless verbose was
+    requested.
 
     Safe to call often and before the noisy modules are imported (their
     loggers are the same objects `logging.getLogger` returns now).
@@ -123,6 +135,10 @@ def install_false_alarm_filters():
         target = logging.getLogger(name)
         if not any(isinstance(f, _DropFalseAlarms) for f in target.filters):
             target.addFilter(_DropFalseAlarms(patterns))
+    for name in ECHOES_OF_REFUSALS:
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _DropEchoedRefusals) for f in target.filters):
+            target.addFilter(_DropEchoedRefusals())
 
 
 def quiet_environment():

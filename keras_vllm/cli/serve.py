@@ -91,7 +91,10 @@ def serve(args):
         from keras_vllm.serve.preflight import resolve_preset
 
         envs.PRESET.set(resolve_preset(args.preset))
-    print(" ".join(command), flush=True)
+    from keras_vllm.serve.frontend import refusal_log
+
+    # The server's log starts with this line: no API key in it.
+    print(" ".join(refusal_log.redact_argv(command)), flush=True)
     if not args.quiet:
         envs.ENGINE_PROGRESS.set("lines")
     if not args.verbose:

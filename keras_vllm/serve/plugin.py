@@ -116,6 +116,10 @@ def register():
 
     # Chat content parts an artifact cannot take are refused by name.
     chat_parts.install()
+    from keras_vllm.serve.frontend import refusal_log
+
+    # Requests the API server fails on a keras-vllm error: one log line.
+    refusal_log.install()
     from keras_vllm.serve.frontend import shutdown
 
     # Requests running at SIGTERM end as aborted instead of hanging.

@@ -27,6 +27,7 @@ from helpers.trained_models import lora_fine_tune  # noqa: E402
 from helpers.trained_models import trained  # noqa: E402
 from keras_vllm import format as fmt  # noqa: E402
 from keras_vllm.hub import reference  # noqa: E402
+from keras_vllm.serve.frontend import refusal_log  # noqa: E402
 from keras_vllm.serve.frontend import reload as serve_reload  # noqa: E402
 from keras_vllm import testing  # noqa: E402
 
@@ -201,3 +202,64 @@ def test_a_reload_refuses_while_adapters_of_the_old_base_are_loaded(server):
     ).json()["data"]
     assert {card["keras_vllm"]["artifact_hash"] for card in cards} == {before}
     _serves_on(server, "support", "legal")
+
+
+def _new_log_lines(server, start):
+    return server["log"].read_bytes()[start:].decode(errors="replace")
+
+
+def test_each_refusal_is_one_warning_line_in_the_log_without_the_key(
+    server, tmp_path
+):
+    """Issue 52: each refusing route writes one WARNING line to the
+    server's log (route, status, keras-vllm error class, message), with no
+    traceback and never the API key, not even where the refused path holds
+    it or the client sent another key. No generation: each request is
+    refused before the engine (about 5 s)."""
+    holds_key = tmp_path / f"holds_{KEY}"
+    holds_key.mkdir()
+    wrong = "not-the-server-key-0451"
+    chat = {"model": server["base"], "max_tokens": 2}
+    image = {"type": "image_url",
+             "image_url": {"url": "data:image/png;base64,AAAA"}}
+    reload_route = serve_reload.RELOAD_ROUTE
+    cases = [  # (route, body, key, status, error class, the message says)
+        ("/v1/load_lora_adapter",
+         {"lora_name": "holds", "lora_path": str(holds_key)}, KEY, 400,
+         "ArtifactError", "manifest.json"),
+        (reload_route, {"path": server["base"]}, wrong, 401,
+         "AccessError", "API key"),
+        (reload_route, {"path": str(holds_key)}, KEY, 400,
+         "ArtifactError", "manifest.json"),
+        (reload_route, {"path": server["other_base"]}, KEY, 409,
+         "ServingError", "Unload them first"),
+        ("/v1/chat/completions",
+         {**chat, "messages": [{"role": "user", "content": "hi"}]}, KEY,
+         400, "NoChatTemplateError", "has no chat template"),
+        ("/v1/chat/completions",
+         {**chat, "messages": [{"role": "user", "content": [image]}]}, KEY,
+         400, "RequestError", "serves text only"),
+    ]
+    for route, body, key, status, kind, says in cases:
+        start = server["log"].stat().st_size
+        response = requests.post(
+            server["url"] + route, json=body,
+            headers={"Authorization": f"Bearer {key}"}, timeout=120,
+        )
+        assert response.status_code == status, response.text
+        new = _new_log_lines(server, start)
+        lines = [line for line in new.splitlines()
+                 if "keras-vllm refused" in line]
+        assert len(lines) == 1, (route, new[-3000:])
+        assert "WARNING" in lines[0].split("keras-vllm refused")[0], lines
+        assert f"keras-vllm refused POST {route} ({status}): {kind}: " in (
+            lines[0]
+        )
+        assert says in lines[0], lines[0]
+        # vLLM's own words for the same refusal are not a second line.
+        assert "Chat template rejected" not in new
+        assert "Traceback" not in new
+    log = server["log"].read_text(errors="replace")
+    assert KEY not in log and wrong not in log
+    assert f"holds_{refusal_log.REDACTED}" in log
+    _serves_on(server, "support")

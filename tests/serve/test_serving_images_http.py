@@ -185,6 +185,14 @@ def test_audio_and_video_parts_are_refused(served):
     video = {"type": "video_url",
              "video_url": {"url": "data:video/mp4;base64,AAAA"}}
     _refused(served, [video], "video_url", "text and images only")
+    # Each also one WARNING line in the server's log (issue 52).
+    lines = [
+        line for line in served["log"].read_text().splitlines()
+        if "keras-vllm refused POST /v1/chat/completions (400): "
+        "RequestError: " in line
+    ]
+    for part in ("input_audio", "video_url"):
+        assert [line for line in lines if f"'{part}'" in line], lines
 
 
 def test_the_server_runs_vllm_serve_with_the_image_flags(served):

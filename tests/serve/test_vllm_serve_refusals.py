@@ -12,6 +12,7 @@ import pytest
 
 import keras_vllm
 from helpers.trained_models import trained
+from keras_vllm.serve.frontend import refusal_log
 from keras_vllm.serve.frontend import refusals
 from keras_vllm import testing
 
@@ -101,17 +102,25 @@ def test_model_directory_from_the_command_line(tmp_path, argv, model):
     ("delta", "KERAS_VLLM_PRESET=DIR"),
 ])
 def test_plain_vllm_serve_refuses_within_30_seconds(dirs, kind, says):
+    """One WARNING line on stderr names the route, the error and the fix
+    (issue 52), and never the server's API key."""
+    key = "refusal-test-key"
     start = time.monotonic()
     result = subprocess.run(
-        [VLLM, "serve", dirs[kind], "--port", "0"],
+        [VLLM, "serve", dirs[kind], "--port", "0", "--api-key", key],
         capture_output=True,
         text=True,
         timeout=120,
     )
     elapsed = time.monotonic() - start
     assert result.returncode == refusals.EXIT_REFUSED, result.stderr[-3000:]
-    assert says in result.stderr
+    (line,) = [
+        line for line in result.stderr.splitlines() if "keras-vllm" in line
+    ]
+    assert line.startswith("WARNING keras-vllm refused vllm serve: "), line
+    assert says in line
     assert "Traceback" not in result.stderr
+    assert key not in result.stdout + result.stderr
     assert elapsed < 30, f"took {elapsed:.0f} s"
 
 
@@ -158,7 +167,14 @@ def test_every_entry_point_refuses_with_the_same_words(
     assert expected in capsys.readouterr().err
 
     monkeypatch.setattr(sys, "argv", ["vllm", "serve", path, *_flags(settings)])
+    lines = []
+    refused = refusal_log.refused
+    monkeypatch.setattr(
+        refusal_log, "refused",
+        lambda *args, **kwargs: lines.append(refused(*args, **kwargs)),
+    )
     with pytest.raises(SystemExit) as stopped:
         refusals.refuse_unservable_directory()
     assert stopped.value.code == refusals.EXIT_REFUSED
-    assert capsys.readouterr().err.strip() == expected
+    assert lines == [expected.replace("keras-vllm:", "keras-vllm refused "
+                                      "vllm serve:", 1)]

@@ -596,7 +596,7 @@ def test_plain_vllm_serve_refuses_under_the_policy(artifacts, keys):
         env={**os.environ, envs.PUBLIC_KEY.name: keys["ours"][1]},
     )
     assert result.returncode == refusals.EXIT_REFUSED, result.stderr[-3000:]
-    assert "keras-vllm: SignatureError: " in result.stderr
+    assert "keras-vllm refused vllm serve: SignatureError: " in result.stderr
     _says(result.stderr, case)
     assert "Traceback" not in result.stderr
     assert time.monotonic() - start < 30

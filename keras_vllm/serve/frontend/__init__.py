@@ -8,4 +8,5 @@
 - `modality_checks`: requests with inputs the artifact does not serve.
 - `chat_parts`: chat content parts (images, audio, video) checked against
   what the artifact serves, and unreadable images named (400 over HTTP).
+- `refusal_log`: each of these refusals as one line in the server's log.
 """

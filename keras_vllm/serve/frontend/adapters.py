@@ -5,7 +5,8 @@
 500; the middleware instead checks the adapter completely against the base
 served now (`load/adapter_checks.py`: its manifest, its stored factors'
 dtypes and shapes, its base), in a thread off the event loop, and refuses a
-bad one with a 400 naming the problem, before the engine reads it. A
+bad one with a 400 naming the problem (and one line in the server's log,
+`refusal_log`), before the engine reads it. A
 `load_inplace` request is checked the same way (vLLM would otherwise answer
 200 for a name it holds without reading the path). The worker runs the same
 checks again where it reads the adapter (`serve/worker/lora_manager.py`).
@@ -51,6 +52,7 @@ def error_response(message, status_code):
 
 async def _refusal(request):
     from keras_vllm.errors import KerasVllmError
+    from keras_vllm.serve.frontend import refusal_log
 
     try:
         body = await request.json()
@@ -66,6 +68,7 @@ async def _refusal(request):
             _check, os.path.abspath(path), served_base(request), max_rank
         )
     except KerasVllmError as e:
+        refusal_log.refused(e, request=request, status=400)
         return error_response(f"keras-vllm: {type(e).__name__}: {e}", 400)
     return None
 

@@ -7,7 +7,9 @@ vLLM loads general plugins while it builds its command-line parser, before
 it reads the model's config, so `keras_vllm.serve.plugin.register` can refuse such
 a directory in a second instead of vLLM's traceback half a minute later.
 Directories vLLM serves natively (a Hugging Face checkpoint: `config.json`
-with another `model_type`) are left to vLLM.
+with another `model_type`) are left to vLLM. A refusal is one line on
+stderr, `WARNING keras-vllm refused vllm serve: ErrorClass: message` (the
+error and words of every entry point; `refusal_log`), and exit status 3.
 """
 
 import json
@@ -17,6 +19,7 @@ import sys
 
 from keras_vllm import format as fmt
 from keras_vllm.serve import preflight
+from keras_vllm.serve.frontend import refusal_log
 
 EXIT_REFUSED = 3  # as `keras-vllm` (cli/commands.py)
 
@@ -32,6 +35,24 @@ def _read_json(path):
 def refusal(path, argv=()):
     """Why `vllm serve path` cannot serve a directory, or None.
 
+    Args:
+        path: a local directory.
+        argv: the `vllm serve` command line.
+
+    Returns:
+        The one-line message (`keras-vllm: ErrorClass: ...`, as every
+        entry point words it), or None (see `refusal_error`).
+    """
+    error = refusal_error(path, argv)
+    if error is None:
+        return None
+    return f"keras-vllm: {type(error).__name__}: {error}"
+
+
+def refusal_error(path, argv=()):
+    """The `KerasVllmError` that keeps `vllm serve path` from serving a
+    directory, or None.
+
     A keras-vllm artifact gets the checks every entry point runs
     (`keras_vllm.serve.preflight.check`), with the options of `argv` it
     judges (`--tensor-parallel-size`, `--max-model-len`, ...).
@@ -41,11 +62,13 @@ def refusal(path, argv=()):
         argv: the `vllm serve` command line.
 
     Returns:
-        The one-line message, or None when the directory is a loadable
-        keras-vllm artifact or is not one keras-vllm should judge (an
-        unsigned directory is always judged under a signature policy).
+        The error, or None when the directory is a loadable keras-vllm
+        artifact or is not one keras-vllm should judge (an unsigned
+        directory is always judged under a signature policy).
     """
+    from keras_vllm.errors import ArtifactError
     from keras_vllm.errors import KerasVllmError
+    from keras_vllm.errors import ServingError
     from keras_vllm.signing import require_signature
 
     if os.listdir(path):
@@ -56,7 +79,7 @@ def refusal(path, argv=()):
         try:
             require_signature(path)
         except KerasVllmError as e:
-            return f"keras-vllm: {type(e).__name__}: {e}"
+            return e
     config = _read_json(os.path.join(path, "config.json"))
     config = config if isinstance(config, dict) else {}
     if os.path.isfile(os.path.join(path, fmt.MANIFEST_FILE)) or (
@@ -68,38 +91,35 @@ def refusal(path, argv=()):
             # the engine process, after vLLM's start, in a traceback.
             plan = preflight.check(path, preflight.overrides_from_argv(argv))
         except KerasVllmError as e:
-            return f"keras-vllm: {type(e).__name__}: {e}"
+            return e
         if plan.engine_kwargs.get("disable_chunked_mm_input") and not all(
             a in argv for a in ("--disable-chunked-mm-input",
                                 "--no-enable-prefix-caching")
         ):
             # An artifact that serves images (`preflight.serving_defaults`).
-            return (
-                f"keras-vllm: ServingError: '{path}' serves images: an "
-                "image's placeholders attend to the whole image, so serve "
-                "it with `--disable-chunked-mm-input "
+            return ServingError(
+                f"'{path}' serves images: an image's placeholders attend to "
+                "the whole image, so serve it with `--disable-chunked-mm-input "
                 "--no-enable-prefix-caching` (`keras-vllm serve` adds both)."
             )
         if plan.engine_kwargs.get("enable_prefix_caching") is False and (
             "--no-enable-prefix-caching" not in argv
         ):
             # vLLM's own default would turn it on.
-            return "keras-vllm: ServingError: " + fmt.no_prefix_caching_message(
-                path
-            )
+            return ServingError(fmt.no_prefix_caching_message(path))
         return None
     registered = str(config.get("registered_name", ""))
     if os.path.isfile(os.path.join(path, "metadata.json")) and (
         registered.startswith("keras_hub")
     ):
-        return (
-            f"keras-vllm: {path} is a KerasHub preset ({registered}), not a "
-            "keras-vllm artifact. Export it first: "
-            f"`keras-vllm export {path} OUT`, then `vllm serve OUT`."
+        return ArtifactError(
+            f"{path} is a KerasHub preset ({registered}), not a keras-vllm "
+            f"artifact. Export it first: `keras-vllm export {path} OUT`, "
+            "then `vllm serve OUT`."
         )
     if not os.listdir(path):
-        return (
-            f"keras-vllm: {path} is empty: not a keras-vllm artifact (no "
+        return ArtifactError(
+            f"{path} is empty: not a keras-vllm artifact (no "
             f"{fmt.MANIFEST_FILE}) nor a model vLLM can load. Export a model "
             "with `keras-vllm export PRESET OUT` or "
             "`causal_lm.export_vllm(OUT)`."
@@ -120,14 +140,15 @@ def model_directory(argv):
 
 
 def refuse_unservable_directory():
-    """Exits `vllm serve DIR` with keras-vllm's message when DIR cannot be
-    served (see `refusal`); does nothing in any other process."""
+    """Exits `vllm serve DIR` with keras-vllm's message (one WARNING line,
+    `refusal_log`) when DIR cannot be served (see `refusal_error`); does
+    nothing in any other process."""
     if multiprocessing.parent_process() is not None:
         return  # vLLM's own children inherit argv; the parent checked
     path = model_directory(sys.argv)
     if path is None:
         return
-    message = refusal(path, sys.argv)
-    if message is not None:
-        print(message, file=sys.stderr, flush=True)
+    error = refusal_error(path, sys.argv)
+    if error is not None:
+        refusal_log.refused(error, route="vllm serve")
         raise SystemExit(EXIT_REFUSED)

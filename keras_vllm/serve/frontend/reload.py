@@ -24,7 +24,8 @@ the base it serves now.
 
 It runs before vLLM's own authentication middleware, so it checks the
 server's `--api-key` (or `VLLM_API_KEY`, as vLLM does) itself; a server
-without a key takes reloads from loopback clients only.
+without a key takes reloads from loopback clients only. Every answer but a
+200 is also one line in the server's log (`refusal_log`).
 """
 
 import asyncio
@@ -90,9 +91,22 @@ def _api_keys(request):
     return [key for key in (keys or [vllm_envs.VLLM_API_KEY]) if key]
 
 
+def _refused(request, error, status_code):
+    """The route's JSON error for `error`, logged (`refusal_log`)."""
+    from fastapi.responses import JSONResponse
+
+    from keras_vllm.serve.frontend import refusal_log
+
+    refusal_log.refused(
+        error, request=request, route=f"POST {RELOAD_ROUTE}",
+        status=status_code,
+    )
+    return JSONResponse({"error": str(error)}, status_code=status_code)
+
+
 def _refusal(request):
     """A JSON error response, or None when the client may reload."""
-    from fastapi.responses import JSONResponse
+    from keras_vllm.errors import AccessError
 
     keys = _api_keys(request)
     if keys:
@@ -101,21 +115,19 @@ def _refusal(request):
             hmac.compare_digest(given.encode(), f"Bearer {key}".encode())
             for key in keys
         ):
-            return JSONResponse(
-                {"error": "Reloading needs the server's API key "
-                 "(`Authorization: Bearer KEY`, `keras-vllm reload "
-                 "--api-key KEY`)."},
-                status_code=401,
-            )
+            return _refused(request, AccessError(
+                "Reloading needs the server's API key "
+                "(`Authorization: Bearer KEY`, `keras-vllm reload "
+                "--api-key KEY`)."
+            ), 401)
         return None
     host = request.client.host if request.client else None
     if host not in _LOOPBACK:
-        return JSONResponse(
-            {"error": "This server has no --api-key, so it takes reloads "
-             "from its own host (loopback) only. Start it with --api-key "
-             "to reload from elsewhere."},
-            status_code=403,
-        )
+        return _refused(request, AccessError(
+            "This server has no --api-key, so it takes reloads from its "
+            "own host (loopback) only. Start it with --api-key to reload "
+            "from elsewhere."
+        ), 403)
     return None
 
 
@@ -125,6 +137,8 @@ async def _reload(request):
     from keras_vllm.load import update_checks
     from keras_vllm import envs
     from keras_vllm.errors import KerasVllmError
+    from keras_vllm.errors import RequestError
+    from keras_vllm.errors import ServingError
 
     refusal = _refusal(request)
     if refusal is not None:
@@ -135,10 +149,9 @@ async def _reload(request):
         if not isinstance(path, str) or not path:
             raise TypeError
     except (ValueError, KeyError, TypeError):
-        return JSONResponse(
-            {"error": 'The request body must be {"path": ARTIFACT_DIR}.'},
-            status_code=400,
-        )
+        return _refused(request, RequestError(
+            'The request body must be {"path": ARTIFACT_DIR}.'
+        ), 400)
     served = await _served(request)
     client = request.app.state.engine_client
     path = os.path.abspath(path)
@@ -150,21 +163,20 @@ async def _reload(request):
                 served.manifest, path, preset, public_key,
             )
         except KerasVllmError as e:
-            return JSONResponse({"error": str(e)}, status_code=400)
+            return _refused(request, e, 400)
         # Adapters bound to the served base would serve on the new one:
         # refused (409) while any is loaded; unload them first.
         models = getattr(request.app.state, "openai_serving_models", None)
         loaded = dict(getattr(models, "lora_requests", None) or {})
         misfits = await asyncio.to_thread(_misfits, loaded, artifact)
         if misfits:
-            return JSONResponse(
-                {"error": f"The loaded LoRA adapters {misfits} do not fit "
-                 f"the new base '{path}' (they were exported against the "
-                 "served one); nothing was replaced. Unload them first "
-                 "(`POST /v1/unload_lora_adapter`), or load adapters "
-                 "exported against the new base after the reload."},
-                status_code=409,
-            )
+            return _refused(request, ServingError(
+                f"The loaded LoRA adapters {misfits} do not fit the new "
+                f"base '{path}' (they were exported against the served "
+                "one); nothing was replaced. Unload them first (`POST "
+                "/v1/unload_lora_adapter`), or load adapters exported "
+                "against the new base after the reload."
+            ), 409)
         await client.pause_generation(mode="wait", clear_cache=True)
         try:
             result = (
@@ -175,7 +187,7 @@ async def _reload(request):
             )[0]
             await client.update_weight_version(digest)
         except Exception as e:  # the worker's errors arrive as many types
-            return JSONResponse({"error": str(e)}, status_code=500)
+            return _refused(request, e, 500)
         finally:
             await client.resume_generation()
         served.path, served.manifest = path, artifact.manifest

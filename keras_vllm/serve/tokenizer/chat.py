@@ -18,6 +18,7 @@ import copy
 import os
 
 from keras_vllm import format as fmt
+from keras_vllm.errors import ServingError
 from keras_vllm.serve.tokenizer import bounded_jinja
 
 _NO_TEMPLATE_MARKER = "{#- keras_vllm: artifact has no chat template -#}"
@@ -39,12 +40,16 @@ except ImportError:  # the tokenizer also works without vLLM
         pass
 
 
-class NoChatTemplateError(ChatTemplateResolutionError, ValueError):
+class NoChatTemplateError(
+    ChatTemplateResolutionError, ServingError, ValueError
+):
     """Chat was requested from an artifact that carries no chat template.
 
     vLLM's "no chat template" error (and a `ValueError`), so its OpenAI
     server answers 400, and its start-up chat warm-up notes the missing
-    template quietly instead of logging a traceback.
+    template quietly instead of logging a traceback; a `ServingError`, so
+    it is caught with keras-vllm's other errors (and logged as a refusal by
+    the server, `serve/frontend/refusal_log.py`).
     """
 
 
