@@ -94,6 +94,29 @@ def section(backbone, dtype):
     return {"layers": layers} if layers else None
 
 
+def check_values(backbone, weights):
+    """Refuses a quantized layer whose float values (scales, zero points)
+    the loader would refuse (`keras_vllm.load.quantized.value_problem`):
+    the quantized model computes non-finite logits in Keras too.
+
+    Args:
+        backbone: the backbone being exported.
+        weights: its `{variable path: array}`.
+    """
+    from keras_vllm.load.quantized import value_problem
+
+    layers = weight_io.quantized_layers(backbone)
+    for path, value in weights.items() if layers else ():
+        owner, name = path.rsplit("/", 1)
+        problem = value_problem(name, value) if owner in layers else None
+        if problem is not None:
+            raise UnsupportedModelError(
+                f"Variable '{path}' of the quantized layer '{owner}' holds "
+                f"{problem}, so the model's outputs are not finite. Quantize "
+                "a model whose weights are finite."
+            )
+
+
 # Modes whose served tokens and logprobs are tested equal to Keras'; awq and
 # float8 are untested, and exported for Keras-side use only.
 SERVED_MODES = ("int8", "int4", "gptq")

@@ -217,12 +217,26 @@ def fill_from_preset(backbone, preset_backbone, stored):
         variable.assign(found.value)
 
 
-def check_values(backbone, values):
-    """Refuses scale tensors a quantized layer could not compute with.
+def value_problem(name, value):
+    """What makes a quantized layer's float variable `name` unusable (a
+    phrase), or None: Keras' quantizers write every scale finite and
+    non-zero (they add an epsilon), and a non-finite or zero one gives
+    non-finite logits at the first call. Integer storage is not judged."""
+    import numpy as np
 
-    Keras writes every scale finite and non-zero (its quantizers add an
-    epsilon), and every other float value of a quantized layer finite; a
-    zero or non-finite one would give non-finite logits at the first call.
+    if np.dtype(value.dtype).kind in "iub":
+        return None
+    array = np.asarray(value, np.float32)
+    if not np.isfinite(array).all():
+        return "non-finite values (NaN or infinity)"
+    if "scale" in name and (array == 0).any():
+        return "zeros (a scale divides or multiplies every value)"
+    return None
+
+
+def check_values(backbone, values):
+    """Refuses scale tensors a quantized layer could not compute with
+    (`value_problem`; export refuses a model that holds them).
 
     Args:
         backbone: the backbone built from the artifact (its quantized
@@ -232,25 +246,15 @@ def check_values(backbone, values):
     Raises:
         ArtifactError: naming the variable.
     """
-    import numpy as np
-
     layers = weight_io.quantized_layers(backbone)
     if not layers:
         return
     for variable, value in values:
         owner, name = variable.path.rsplit("/", 1)
-        # Integer storage (int8, packed int4, uint8) holds no scale.
-        if owner not in layers or np.dtype(value.dtype).kind in "iub":
-            continue
-        array = np.asarray(value, np.float32)
-        problem = None
-        if not np.isfinite(array).all():
-            problem = "non-finite values (NaN or infinity)"
-        elif "scale" in name and (array == 0).any():
-            problem = "zeros (a scale divides or multiplies every value)"
+        problem = value_problem(name, value) if owner in layers else None
         if problem is not None:
             raise ArtifactError(
                 f"The stored '{variable.path}' of the quantized layer "
-                f"'{owner}' holds {problem}; Keras never writes such a "
+                f"'{owner}' holds {problem}; export never writes such a "
                 "value. The weights were altered; re-export the model."
             )
