@@ -259,7 +259,7 @@ def _export(
                 all_weights,
                 handle,
                 dtype,
-                quantization["layers"] if quantization else {},
+                weight_io.quantized_layers(backbone) if quantization else {},
             )
             phase.advance(len(stored))
             phase.unit = "variables differ"

@@ -8,9 +8,11 @@ the values then come from the artifact (and, in a delta export, the float
 variables of unquantized layers from the preset).
 
 A layer built without a name is numbered by how many of its class the
-process built before (`mixtral_sparse_moe_block_21`), so the recorded paths
-of such layers need not be the rebuilt ones: they are matched with that
-number ignored (`_loose_path`), one recorded layer to one rebuilt layer.
+process built before (`mixtral_sparse_moe_block_21`). An export records
+such a layer's path without that number (`fmt.quantization.LayerIndex`
+finds the rebuilt layer whatever its number); artifacts written before
+recorded the exporting process's numbers, matched here with the number
+ignored (`_loose_path`), one recorded layer to one rebuilt layer.
 """
 
 import re
@@ -34,7 +36,9 @@ def policy_map(manifest, dtype):
     layers = fmt.quantization.quantized_layers(manifest)
     if not layers:
         return None
-    policies = _policy_map_class()(dtype, _auto_name_bases())
+    policies = _policy_map_class()(
+        dtype, _auto_name_bases(), fmt.quantization.LayerIndex(layers)
+    )
     for path, name in layers.items():
         mode = name.rsplit("_from_", 1)[0]
         policies[path] = keras.dtype_policies.get(f"{mode}_from_{dtype}")
@@ -73,6 +77,15 @@ def _loose_index(paths, bases):
     return {key: found[0] for key, found in index.items() if len(found) == 1}
 
 
+def comparable_layers(layers):
+    """`{path: policy name}` keyed so that two records of one model's
+    quantized layers are equal whatever numbers Keras gave its unnamed
+    layers (an artifact of another process, a live model, or one that
+    recorded the numbers): every such number left out (`_loose_path`)."""
+    bases = _auto_name_bases()
+    return {_loose_path(path, bases): name for path, name in layers.items()}
+
+
 def _policy_map_class():
     import keras
 
@@ -81,9 +94,10 @@ def _policy_map_class():
         another auto-number (Keras looks policies up by `layer.path`, at
         every use, so the loose index is built once)."""
 
-        def __init__(self, default_policy, bases):
+        def __init__(self, default_policy, bases, index):
             super().__init__(default_policy=default_policy)
             self._bases = bases
+            self._index = index
             self._loose = None
 
         def __setitem__(self, key, policy):
@@ -93,6 +107,10 @@ def _policy_map_class():
         def __getitem__(self, key):
             if key in self._policy_map:
                 return self._policy_map[key]
+            recorded = self._index.find(key)
+            if recorded in self._policy_map:
+                return self._policy_map[recorded]
+            # An artifact that recorded the exporting process's numbers.
             if self._loose is None:
                 self._loose = _loose_index(self._policy_map, self._bases)
             found = self._loose.get(_loose_path(key, self._bases))
@@ -120,13 +138,13 @@ def check_rebuilt(backbone, manifest):
     of a class Keras can quantize."""
     recorded = fmt.quantization.quantized_layers(manifest)
     quantized = weight_io.quantized_layers(backbone)
+    index = fmt.quantization.LayerIndex(recorded)
+    structural = {index.find(path): path for path in quantized}
     bases = _auto_name_bases()
     loose = _loose_index(quantized, bases)
     built, layers = {}, set()
     for path in recorded:
-        found = path if path in quantized else loose.get(
-            _loose_path(path, bases)
-        )
+        found = structural.get(path) or loose.get(_loose_path(path, bases))
         if found is not None:
             built[path] = quantized[found]
             layers.add(found)
