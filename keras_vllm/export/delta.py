@@ -18,7 +18,8 @@ def against_preset(backbone, weights, handle, dtype, quantized_layers):
         weights: its `{path: array}` weights, in the backbone's order.
         handle: the preset handle.
         dtype: the backbone's variable dtype name (the preset is loaded in it).
-        quantized_layers: the manifest's quantized layers (empty if none).
+        quantized_layers: the backbone's quantized layers, by their live
+            paths (empty if none).
 
     Raises:
         ExportError: the model is not built from that preset.

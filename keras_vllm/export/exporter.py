@@ -232,6 +232,7 @@ def _export(
 
     with progress.phase("collecting weights", unit="variables") as phase:
         all_weights = weight_io.backbone_weights(backbone)
+        quantized.check_values(backbone, all_weights)
         phase.advance(len(all_weights))
     order = {path: i for i, path in enumerate(all_weights)}
     preset_section = None
@@ -258,7 +259,7 @@ def _export(
                 all_weights,
                 handle,
                 dtype,
-                quantization["layers"] if quantization else {},
+                weight_io.quantized_layers(backbone) if quantization else {},
             )
             phase.advance(len(stored))
             phase.unit = "variables differ"
@@ -291,7 +292,7 @@ def _export(
 
         recording = sections.golden_alongside(
             causal_lm, golden_prompts, golden_max_new_tokens, stop_ids,
-            golden_ref, as_stored,
+            golden_ref, as_stored, max_len,
         )
         with recording as pending_golden:
             serialized["tokenizer"] = sections.tokenizer_section(tokenizer, tmp)

@@ -2,7 +2,10 @@
 that it can be exported at all, the preset it came from, its dtype and the
 longest sequence to serve."""
 
+import tempfile
+
 from keras_vllm import format as fmt
+from keras_vllm.hub import pairings
 from keras_vllm.hub import presets
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
@@ -34,6 +37,56 @@ def check_preprocessor(causal_lm):
             "The CausalLM has no preprocessor with a tokenizer; the artifact "
             "must carry the tokenizer. Attach the family's preprocessor "
             "before exporting."
+        )
+    check_pairings(causal_lm)
+
+
+def check_pairings(causal_lm):
+    """Refuses, by name and before anything is written, a model whose
+    classes or tokenizer the loader would not take together
+    (`keras_vllm.hub.pairings`: the rule both apply)."""
+    backbone = causal_lm.backbone
+    tokenizer = causal_lm.preprocessor.tokenizer
+    problem = pairings.backbone_problem(type(causal_lm), type(backbone))
+    fix = f"Wrap the {type(backbone).__name__} in its own task class."
+    rows = backbone.get_config().get("vocabulary_size")
+    if problem is None and isinstance(rows, int):
+        problem = pairings.vocabulary_problem(
+            int(tokenizer.vocabulary_size()), rows
+        )
+        fix = "Use the tokenizer the backbone was built for."
+    if problem is None:
+        problem = tokenizer_pairing_problem(causal_lm.preprocessor)
+        fix = (
+            "Build the preprocessor with the tokenizer class it names, or "
+            f"use the preprocessor class written for the "
+            f"{type(tokenizer).__name__}."
+        )
+    if problem is not None:
+        raise UnsupportedModelError(
+            f"{type(causal_lm).__name__} cannot be exported: {problem}. "
+            f"keras-vllm would not load such an artifact. {fix} Nothing was "
+            "written."
+        )
+
+
+def tokenizer_pairing_problem(preprocessor):
+    """Why the loader would not take the preprocessor's tokenizer with it,
+    or None: `pairings.tokenizer_problem` on the tokenizer as the export
+    stores it (its serialized config and saved assets)."""
+    from keras_vllm.export import sections
+
+    tokenizer = preprocessor.tokenizer
+    if pairings.takes_by_class(type(preprocessor), type(tokenizer)):
+        return None
+    with tempfile.TemporaryDirectory() as assets:
+        tokenizer.save_assets(assets)
+        config = fmt.tokenizer_args.completed_config(
+            tokenizer, sections.serialize(tokenizer, "tokenizer")["config"]
+        )
+        return pairings.tokenizer_problem(
+            type(preprocessor), type(tokenizer), config, assets,
+            sections.TOKENIZER_PROBES,
         )
 
 

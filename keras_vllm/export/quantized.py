@@ -23,17 +23,24 @@ def _layer_names(paths):
 
 
 def quantized_layers(backbone, dtype):
-    """`{layer path: policy name}` of the backbone's quantized layers.
+    """`{structural layer path: policy name}` of the backbone's quantized
+    layers.
 
-    The name is rebuilt from the policy's mode and the model's float dtype:
-    Keras 3.15's `DTypePolicyMap.get_config()` (called by every
-    `backbone.get_config()`) sets the live policies' names to None.
+    Each path is recorded without the numbers Keras gave the layers it
+    named itself (`weights.structural_paths`: Mixtral's router sits in an
+    unnamed MoE block), so the section does not depend on what the
+    exporting process built before. The name is rebuilt from the policy's
+    mode and the model's float dtype: Keras 3.15's
+    `DTypePolicyMap.get_config()` (called by every `backbone.get_config()`)
+    sets the live policies' names to None.
     """
     from keras_vllm.layers import swap
 
     raw = swap.raw_kernel_layers(backbone)
+    layers = weight_io.quantized_layers(backbone)
+    structural = weight_io.structural_paths(backbone)
     found = {}
-    for path, layer in weight_io.quantized_layers(backbone).items():
+    for path, layer in layers.items():
         if path in raw:
             parent, name = raw[path]
             raise UnsupportedModelError(
@@ -60,8 +67,27 @@ def quantized_layers(backbone, dtype):
             )
         mode = layer.dtype_policy.get_config()["mode"]
         _check_inputs_quantizer(path, layer, mode)
-        found[path] = f"{mode}_from_{dtype}"
+        found[structural[path]] = f"{mode}_from_{dtype}"
+    _check_findable(structural, layers, found)
     return found
+
+
+def _check_findable(structural, layers, found):
+    """Every process finds exactly the quantized layers from the recorded
+    paths: the loader's lookup (`fmt.quantization.LayerIndex`, blind to
+    the numbers of unnamed layers) maps each layer of this backbone to its
+    own recorded path, or to none when it is not quantized."""
+    index = fmt.quantization.LayerIndex(found)
+    for path, key in structural.items():
+        want = key if path in layers else None
+        if index.find(path) != want:
+            raise UnsupportedModelError(
+                f"Layer '{path}' and a quantized layer differ only in the "
+                "numbers Keras gives unnamed layers (per process), so the "
+                "artifact could not tell them apart when loaded. Quantize "
+                "one of them only (`quantize(mode, filters=...)`), or export "
+                "the float model."
+            )
 
 
 # Whether a layer of each mode quantizes its inputs, as Keras 3.15's
@@ -92,6 +118,29 @@ def section(backbone, dtype):
     """The manifest's `quantization` section, or None for a float model."""
     layers = quantized_layers(backbone, dtype)
     return {"layers": layers} if layers else None
+
+
+def check_values(backbone, weights):
+    """Refuses a quantized layer whose float values (scales, zero points)
+    the loader would refuse (`keras_vllm.load.quantized.value_problem`):
+    the quantized model computes non-finite logits in Keras too.
+
+    Args:
+        backbone: the backbone being exported.
+        weights: its `{variable path: array}`.
+    """
+    from keras_vllm.load.quantized import value_problem
+
+    layers = weight_io.quantized_layers(backbone)
+    for path, value in weights.items() if layers else ():
+        owner, name = path.rsplit("/", 1)
+        problem = value_problem(name, value) if owner in layers else None
+        if problem is not None:
+            raise UnsupportedModelError(
+                f"Variable '{path}' of the quantized layer '{owner}' holds "
+                f"{problem}, so the model's outputs are not finite. Quantize "
+                "a model whose weights are finite."
+            )
 
 
 # Modes whose served tokens and logprobs are tested equal to Keras'; awq and
@@ -135,7 +184,8 @@ def delta(weights, quantized, base_weights):
 
     Args:
         weights: `{path: array}` of the quantized backbone.
-        quantized: `{layer path: policy name}`.
+        quantized: the quantized layers' paths (as the live backbone has
+            them).
         base_weights: `{path: array}` of the float preset's backbone.
 
     Returns:

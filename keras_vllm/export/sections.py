@@ -18,6 +18,7 @@ from keras_vllm.hub import classes
 from keras_vllm import format as fmt
 from keras_vllm import progress
 from keras_vllm.hub import reference
+from keras_vllm.errors import ExportError
 from keras_vllm.errors import UnsupportedModelError
 
 TOKENIZER_PROBES = ("Hello world!", "héllo wörld 日本 🙂", "  tabs\tand\nlines ")
@@ -171,7 +172,8 @@ def image_settings(causal_lm):
 
 @contextlib.contextmanager
 def golden_alongside(
-    causal_lm, prompts, max_new_tokens, stop_token_ids, golden_ref, as_stored
+    causal_lm, prompts, max_new_tokens, stop_token_ids, golden_ref, as_stored,
+    served_length,
 ):
     """Records the golden outputs while the block writes the other files.
 
@@ -194,12 +196,16 @@ def golden_alongside(
         as_stored: a context manager factory, entered in the thread around
             the generation: the model as the artifact stores it (LoRA
             factors rounded to their stored dtype).
+        served_length: the artifact's `max_sequence_length`; every prompt
+            and its new tokens must fit it (the loader refuses golden
+            outputs that do not, or that outnumber its bounds).
 
     Yields:
         A `concurrent.futures.Future` of the golden section, resolved
         after the block.
     """
     prompt_ids = [reference.prompt_token_ids(causal_lm, t) for t in prompts]
+    _check_golden_bounds(prompts, prompt_ids, max_new_tokens, served_length)
 
     def record():
         with progress.verbosity(False), as_stored():
@@ -223,6 +229,39 @@ def golden_alongside(
         ) as phase:
             pool.shutdown(wait=True)
             phase.advance(len(prompts))
+
+
+def _check_golden_bounds(prompts, prompt_ids, max_new_tokens, served):
+    """Refuses golden outputs the loader would refuse
+    (`keras_vllm.format.consistency`), before any is recorded."""
+    problem = None
+    if len(prompts) > fmt.MAX_GOLDEN_RECORDS:
+        problem = f"{len(prompts)} golden prompts are more than the format's "
+        problem += f"{fmt.MAX_GOLDEN_RECORDS}"
+    elif len(prompts) * max_new_tokens > fmt.MAX_GOLDEN_STEPS:
+        problem = (
+            f"{len(prompts)} golden prompts of {max_new_tokens} new tokens "
+            f"are more than the {fmt.MAX_GOLDEN_STEPS} decoding steps a "
+            "reader replays"
+        )
+    elif not 0 <= max_new_tokens <= served:
+        problem = (
+            f"golden_max_new_tokens={max_new_tokens} is not between 0 and "
+            f"the served sequence length {served}"
+        )
+    for text, ids in zip(prompts, prompt_ids):
+        if problem is None and len(ids) + max_new_tokens > served:
+            problem = (
+                f"the golden prompt {text[:60]!r} has {len(ids)} tokens, and "
+                f"with {max_new_tokens} new tokens it exceeds the served "
+                f"sequence length {served}"
+            )
+    if problem is not None:
+        raise ExportError(
+            f"{problem[0].upper()}{problem[1:]}. Pass fewer or shorter "
+            "`golden_prompts` or a smaller `golden_max_new_tokens`; nothing "
+            "was written."
+        )
 
 
 def _reference_model(causal_lm, golden_ref):

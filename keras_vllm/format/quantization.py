@@ -106,6 +106,47 @@ def quantized_layers(manifest):
     return dict(section["layers"]) if section else {}
 
 
+def _unnumbered(part):
+    return re.sub(r"_\d+$", "", part)
+
+
+class LayerIndex:
+    """Finds the recorded quantized layer that owns a stored variable.
+
+    `weights.variables` keeps each variable's path as the exporting process
+    had it (an unnamed layer's name carries Keras' per-process number:
+    `mixtral_sparse_moe_block_5`), while `quantization.layers` records
+    structural paths, without those numbers (older artifacts recorded the
+    numbered paths: found as they are). A layer path owns a variable's
+    owner path when each part is equal or is the owner's part without its
+    number; exactly one recorded layer must.
+    """
+
+    def __init__(self, layers):
+        self._exact = set(layers)
+        self._loose = {}
+        for path in layers:
+            key = tuple(_unnumbered(p) for p in path.split("/"))
+            self._loose.setdefault(key, []).append(path)
+
+    def find(self, owner):
+        """The recorded layer path owning `owner` (a variable's parent
+        path), or None."""
+        if owner in self._exact:
+            return owner
+        parts = owner.split("/")
+        key = tuple(_unnumbered(p) for p in parts)
+        found = [
+            path
+            for path in self._loose.get(key, ())
+            if all(
+                r == o or r == _unnumbered(o)
+                for r, o in zip(path.split("/"), parts)
+            )
+        ]
+        return found[0] if len(found) == 1 else None
+
+
 def modes(manifest):
     """`{mode: number of layers}`, e.g. `{"int8": 15}`."""
     counts = {}
@@ -116,19 +157,25 @@ def modes(manifest):
 
 
 def packing(manifest):
-    """`{layer path: values per stored element}` of the packed layers.
+    """`{variable owner path: values per stored element}` of the stored
+    variables of packed layers.
 
     Keras packs 4-bit values two per byte (`int4`, and `gptq`/`awq` at 4
     bits or fewer); every other variable stores one value per element.
     Computed once per check: a manifest may list many variables.
     """
-    packed = {}
-    for path, name in quantized_layers(manifest).items():
+    layers = quantized_layers(manifest)
+    packed = set()
+    for path, name in layers.items():
         mode = name.rsplit("_from_", 1)[0].split("/")
         bits = 4 if mode[0] == "int4" else int(mode[1]) if len(mode) > 2 else 8
         if bits <= 4:
-            packed[path] = 2
-    return packed
+            packed.add(path)
+    if not packed:
+        return {}
+    index = LayerIndex(layers)
+    owners = {p.rsplit("/", 1)[0] for p in manifest["weights"]["variables"]}
+    return {owner: 2 for owner in owners if index.find(owner) in packed}
 
 
 def validate(manifest):
@@ -160,11 +207,13 @@ def validate(manifest):
                     f"but the model's dtype is {manifest['dtype']}."
                 )
     variables = manifest["weights"]["variables"]
+    index = LayerIndex(layers)
     owners = {path.rsplit("/", 1)[0] for path in variables}
+    owned = {index.find(owner) for owner in owners}
     for path in layers:
         # Full and delta exports alike store every variable of a quantized
         # layer, so a listed layer that owns none is not the model's.
-        if path not in owners:
+        if path not in owned:
             _fail(
                 f"'quantization.layers' names '{path}', but the artifact "
                 "stores no variable of that layer."
@@ -179,7 +228,7 @@ def validate(manifest):
                 f"weights.variables['{path}'] is {spec['dtype']}; Keras "
                 f"stores '{name}' in a float dtype."
             )
-        if owner not in layers:
+        if index.find(owner) is None:
             _fail(
                 f"weights.variables['{path}'] is {spec['dtype']}, but "
                 + (

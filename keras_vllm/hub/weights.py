@@ -174,6 +174,29 @@ def quantized_layers(backbone):
     }
 
 
+def structural_paths(backbone):
+    """`{layer path: structural path}` of every layer of the backbone.
+
+    A layer's structural path is its path with the number Keras gave each
+    layer it named itself left out (`transformer_layer_0/
+    mixtral_sparse_moe_block_5/sparse_feedforward_gate_dense` becomes
+    `transformer_layer_0/mixtral_sparse_moe_block/
+    sparse_feedforward_gate_dense`): the same in every process, whatever
+    the process built before. Two layers can share one (two sibling layers
+    of one class, both unnamed).
+    """
+    auto = auto_named_layers(backbone)
+    found = {}
+    for layer in backbone._flatten_layers(include_self=False, recursive=True):
+        path = getattr(layer, "path", None)
+        if path:
+            found[path] = "/".join(
+                _auto_base(part) if part in auto else part
+                for part in path.split("/")
+            )
+    return found
+
+
 def backbone_values(backbone):
     """`(variable, value)` in `ordered_variables` order, LoRA merged.
 

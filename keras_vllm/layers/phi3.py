@@ -6,17 +6,22 @@ either the plain `RotaryEmbedding` or, for `rope_scaling_type="su"`
 (LongRoPE, the 128k presets), `Phi3SuScaledRotaryEmbedding`.
 
 The "su" rotary divides each frequency by a short or a long factor, chosen
-per forward pass by the sequence length it covers (`start_index + seq_len >
+per call by the length the call covers (`start_index + seq_len >
 pretraining_sequence_length`), and scales cos/sin by a constant. Its
 `positions=` path assumes 1-D positions and keys the choice off the call's
 own length, which is 1 in vLLM's layout, so this layer computes the rotary
-itself: each token uses the long factors when its sequence, up to the end
-of this step (vLLM's `seq_lens`), is longer than the pretraining length.
-That equals the Keras forward pass over the whole sequence and Keras' own
-incremental decoding. (Keras' `generate()` prefill keys the choice off the
-padded `max_length` instead, so a prompt at or below the pretraining length
-whose prompt plus new tokens exceed it is prefilled with the long factors
-there; vLLM has no padded length and cannot reproduce that.)
+itself, for each token with the factors Keras uses when it prefills the
+prompt in one call and then decodes one token a call: a prompt token's by
+the whole prompt's length, a generated token's by its position + 1. The
+runner passes each token's prompt length (`ServingContext.prompt_lengths`,
+`keras_vllm.serve.worker.prompt_lengths`), so this holds however vLLM
+splits a prompt into prefill chunks (a chunk that ends before the
+pretraining length, of a prompt that goes past it, gets the long factors
+too) and when it recomputes a preempted request. (Keras' `generate()`
+prefill keys the choice off the padded `max_length` instead, so a prompt at
+or below the pretraining length whose prompt plus new tokens exceed it is
+prefilled with the long factors there; vLLM has no padded length and
+cannot reproduce that.)
 """
 
 from keras import ops
@@ -34,10 +39,16 @@ from keras_vllm.layers.common.registry import register_paged
 
 
 def _sequence_lengths(layer):
-    """Each token's sequence length at the end of this step, `[T]` int32."""
+    """Each token's sequence length as Keras' factors see it, `[T]` int32:
+    its whole prompt's for a prompt token, its position + 1 for a generated
+    one (`max(prompt length, position + 1)`)."""
     context = require_context(layer)
-    seq_lens = ops.convert_to_tensor(context.attention_metadata.seq_lens)
-    return ops.take(seq_lens, context.token_requests(), axis=0)
+    lengths = ops.cast(context.positions, "int32") + 1
+    if context.prompt_lengths is None:
+        # No layer asked for them: served lengths stay within the
+        # pretraining length (`needs_prompt_lengths`).
+        return lengths
+    return ops.maximum(ops.cast(context.prompt_lengths, "int32"), lengths)
 
 
 def _su_scaled_rotary(rope, inputs, positions, use_long):
@@ -77,8 +88,8 @@ class PagedPhi3Attention(Phi3Attention, PagedAttention):
         )
 
     def prefix_cacheable(self):
-        # Keys are rotated with the factors for their sequence's length at
-        # the step that wrote them: a block cached by a short request holds
+        # A token's keys are rotated with the factors its request's prompt
+        # length picks: a block cached by a short request holds
         # short-factor keys that a longer prompt over the same prefix (past
         # the pretraining length, all long factors in Keras) must not read.
         rope = self.rotary_embedding_layer
@@ -86,6 +97,10 @@ class PagedPhi3Attention(Phi3Attention, PagedAttention):
             isinstance(rope, Phi3SuScaledRotaryEmbedding)
             and rope.max_sequence_length > rope.pretraining_sequence_length
         )
+
+    def needs_prompt_lengths(self):
+        # A prompt token's factors follow the whole prompt's length.
+        return not PagedPhi3Attention.prefix_cacheable(self)
 
     def call(
         self,

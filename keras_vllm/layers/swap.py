@@ -236,6 +236,16 @@ def prefix_cacheable(backbone):
     )
 
 
+def needs_prompt_lengths(backbone):
+    """Whether a paged layer of `backbone` reads each token's prompt length
+    (`PagedAttention.needs_prompt_lengths`)."""
+    return any(
+        paged_class_for(layer).needs_prompt_lengths(layer)
+        for layer in find_attention_layers(backbone)
+        if paged_class_for(layer) is not None
+    )
+
+
 def golden_reference(backbone):
     """How the served output of `backbone` is predicted in Keras.
 

@@ -6,6 +6,7 @@ front-end processes.
 """
 
 from keras_vllm.hub import classes
+from keras_vllm.hub import pairings
 from keras_vllm.errors import ArtifactError
 
 
@@ -83,8 +84,10 @@ def check_backbone_config(cls, config):
 
 def resolve_classes(manifest):
     """Resolves every class of the artifact against the allowlist and checks
-    that they belong together (the task's backbone class, the
-    preprocessor's tokenizer class).
+    that the task takes the backbone (`keras_vllm.hub.pairings`, the rule
+    export applies before it writes). Whether the preprocessor takes the
+    tokenizer needs the tokenizer's assets: `keras_loader.load_tokenizer`
+    checks it.
 
     Returns:
         `{role: class}`.
@@ -93,21 +96,15 @@ def resolve_classes(manifest):
         role: classes.resolve(manifest[role]["registered_name"], role)
         for role in ("backbone", "causal_lm", "tokenizer", "preprocessor", "sampler")
     }
-    # (owner, the owner's attribute naming the class it takes, member,
-    # how the message names the owner).
-    pairs = (
-        ("causal_lm", "backbone_cls", "backbone", "the task"),
-        ("preprocessor", "tokenizer_cls", "tokenizer", "the preprocessor"),
+    problem = pairings.backbone_problem(
+        resolved["causal_lm"], resolved["backbone"]
     )
-    for owner, attribute, member, expecter in pairs:
-        expected = getattr(resolved[owner], attribute, None)
-        if expected is not None and not issubclass(resolved[member], expected):
-            raise ArtifactError(
-                f"The artifact pairs a {resolved[owner].__name__} with a "
-                f"{resolved[member].__name__}; {expecter} expects a "
-                f"{expected.__name__}. The manifest was altered; re-export "
-                "it."
-            )
+    if problem is not None:
+        raise ArtifactError(
+            f"The artifact pairs a {resolved['causal_lm'].__name__} with a "
+            f"{resolved['backbone'].__name__}: {problem}. Export refuses "
+            "such a model, so the manifest was altered; re-export the model."
+        )
     check_backbone_config(resolved["backbone"], manifest["backbone"]["config"])
     for role in ("tokenizer", "preprocessor", "sampler"):
         check_config_keys(resolved[role], manifest[role]["config"], role)

@@ -6,6 +6,7 @@ import numpy as np
 
 from keras_vllm import format as fmt
 from keras_vllm import logs
+from keras_vllm.hub import pairings
 from keras_vllm.hub import presets
 from keras_vllm import progress
 from keras_vllm.hub import reference
@@ -69,10 +70,25 @@ def load_tokenizer(artifact):
     ```
     """
     artifact = _opened(artifact)
-    manifest = artifact.manifest
+    return tokenizer_from_files(
+        artifact.manifest, artifact.file(fmt.TOKENIZER_ASSETS_DIR)
+    )
+
+
+def tokenizer_from_files(manifest, assets):
+    """The tokenizer a manifest describes, from its asset directory, with
+    every check `load_tokenizer` runs (the caller verified the files).
+
+    Args:
+        manifest: the artifact's validated manifest (its `tokenizer`,
+            `preprocessor` and `backbone` sections are read).
+        assets: the directory of the tokenizer's assets.
+
+    Returns:
+        A `keras_hub.tokenizers.Tokenizer` with its assets loaded.
+    """
     section = manifest["tokenizer"]
     cls, config = role_config(manifest, "tokenizer")
-    assets = artifact.file(fmt.TOKENIZER_ASSETS_DIR)
     names = section.get("assets")
     if not isinstance(names, list) or sorted(os.listdir(assets)) != sorted(
         names
@@ -81,13 +97,31 @@ def load_tokenizer(artifact):
             "The tokenizer assets on disk differ from those the manifest lists."
         )
     fmt.references.check_asset_fields(config, "tokenizer.config")
-    check_config_keys(cls, config, "tokenizer")
-    config = fmt.tokenizer_args.constructor_config(cls.__name__, config)
     # tensorflow-text's SentencePiece prints an INFO line from C++ as its
     # model loads (at the first probe).
     with logs.without_sentencepiece_info():
+        check_config_keys(cls, config, "tokenizer")
+        _check_pairing(manifest, cls, config, assets, section)
+        config = fmt.tokenizer_args.constructor_config(cls.__name__, config)
         tokenizer = _load_and_probe(cls, config, assets, section, manifest)
     return tokenizer
+
+
+def _check_pairing(manifest, tokenizer_cls, config, assets, section):
+    """The preprocessor takes the tokenizer (`keras_vllm.hub.pairings`, the
+    rule export applies before it writes), compared on the recorded
+    probes' texts."""
+    preprocessor_cls, _ = role_config(manifest, "preprocessor")
+    problem = pairings.tokenizer_problem(
+        preprocessor_cls, tokenizer_cls, config, assets,
+        [probe["text"] for probe in section.get("golden", [])],
+    )
+    if problem is not None:
+        raise ArtifactError(
+            f"The artifact pairs a {preprocessor_cls.__name__} with a "
+            f"{tokenizer_cls.__name__}: {problem}. Export refuses such a "
+            "model, so the manifest was altered; re-export the model."
+        )
 
 
 def _load_and_probe(cls, config, assets, section, manifest):
@@ -136,13 +170,12 @@ def _check_vocabulary_size(tokenizer, manifest):
             f"The tokenizer assets could not be loaded ({type(e).__name__}: "
             f"{str(e)[:200]})."
         ) from None
-    if isinstance(rows, int) and size > rows:
+    problem = pairings.vocabulary_problem(size, rows)
+    if problem is not None:
         raise ArtifactError(
-            f"The tokenizer's vocabulary has {size} entries but the "
-            f"backbone's embedding has {rows} rows "
-            "('backbone.config.vocabulary_size'); its ids would index past "
-            "the embedding. The tokenizer assets do not belong to this "
-            "model; re-export it."
+            f"In this artifact {problem}. Export refuses such a model, so "
+            "the tokenizer assets or 'backbone.config' were altered; "
+            "re-export the model."
         )
 
 
@@ -236,10 +269,7 @@ def _load_causal_lm(path, dtype, preset, verify, public_key, base=None):
     # The tokenizer first: it is cheap, and its probes catch swapped assets
     # before any weight is allocated.
     tokenizer = load_tokenizer(artifact)
-    pp_cls, pp_config = role_config(manifest, "preprocessor")
-    preprocessor = rebuild.construct(
-        pp_cls, {**pp_config, "tokenizer": tokenizer}, "preprocessor"
-    )
+    preprocessor = build_preprocessor(manifest, tokenizer)
     sampler_cls, sampler_config = role_config(manifest, "sampler")
     sampler = rebuild.construct(sampler_cls, sampler_config, "sampler")
     backbone = build_backbone(artifact, dtype=dtype, preset=preset, base=base)
@@ -253,6 +283,14 @@ def _load_causal_lm(path, dtype, preset, verify, public_key, base=None):
         ) from None
     causal_lm.compile(sampler=sampler)
     return causal_lm
+
+
+def build_preprocessor(manifest, tokenizer):
+    """The artifact's preprocessor around its loaded tokenizer."""
+    pp_cls, pp_config = role_config(manifest, "preprocessor")
+    return rebuild.construct(
+        pp_cls, {**pp_config, "tokenizer": tokenizer}, "preprocessor"
+    )
 
 
 def check_golden(causal_lm, artifact):

@@ -8,9 +8,11 @@ the values then come from the artifact (and, in a delta export, the float
 variables of unquantized layers from the preset).
 
 A layer built without a name is numbered by how many of its class the
-process built before (`mixtral_sparse_moe_block_21`), so the recorded paths
-of such layers need not be the rebuilt ones: they are matched with that
-number ignored (`_loose_path`), one recorded layer to one rebuilt layer.
+process built before (`mixtral_sparse_moe_block_21`). An export records
+such a layer's path without that number (`fmt.quantization.LayerIndex`
+finds the rebuilt layer whatever its number); artifacts written before
+recorded the exporting process's numbers, matched here with the number
+ignored (`_loose_path`), one recorded layer to one rebuilt layer.
 """
 
 import re
@@ -34,7 +36,9 @@ def policy_map(manifest, dtype):
     layers = fmt.quantization.quantized_layers(manifest)
     if not layers:
         return None
-    policies = _policy_map_class()(dtype, _auto_name_bases())
+    policies = _policy_map_class()(
+        dtype, _auto_name_bases(), fmt.quantization.LayerIndex(layers)
+    )
     for path, name in layers.items():
         mode = name.rsplit("_from_", 1)[0]
         policies[path] = keras.dtype_policies.get(f"{mode}_from_{dtype}")
@@ -73,6 +77,15 @@ def _loose_index(paths, bases):
     return {key: found[0] for key, found in index.items() if len(found) == 1}
 
 
+def comparable_layers(layers):
+    """`{path: policy name}` keyed so that two records of one model's
+    quantized layers are equal whatever numbers Keras gave its unnamed
+    layers (an artifact of another process, a live model, or one that
+    recorded the numbers): every such number left out (`_loose_path`)."""
+    bases = _auto_name_bases()
+    return {_loose_path(path, bases): name for path, name in layers.items()}
+
+
 def _policy_map_class():
     import keras
 
@@ -81,9 +94,10 @@ def _policy_map_class():
         another auto-number (Keras looks policies up by `layer.path`, at
         every use, so the loose index is built once)."""
 
-        def __init__(self, default_policy, bases):
+        def __init__(self, default_policy, bases, index):
             super().__init__(default_policy=default_policy)
             self._bases = bases
+            self._index = index
             self._loose = None
 
         def __setitem__(self, key, policy):
@@ -93,6 +107,10 @@ def _policy_map_class():
         def __getitem__(self, key):
             if key in self._policy_map:
                 return self._policy_map[key]
+            recorded = self._index.find(key)
+            if recorded in self._policy_map:
+                return self._policy_map[recorded]
+            # An artifact that recorded the exporting process's numbers.
             if self._loose is None:
                 self._loose = _loose_index(self._policy_map, self._bases)
             found = self._loose.get(_loose_path(key, self._bases))
@@ -120,13 +138,13 @@ def check_rebuilt(backbone, manifest):
     of a class Keras can quantize."""
     recorded = fmt.quantization.quantized_layers(manifest)
     quantized = weight_io.quantized_layers(backbone)
+    index = fmt.quantization.LayerIndex(recorded)
+    structural = {index.find(path): path for path in quantized}
     bases = _auto_name_bases()
     loose = _loose_index(quantized, bases)
     built, layers = {}, set()
     for path in recorded:
-        found = path if path in quantized else loose.get(
-            _loose_path(path, bases)
-        )
+        found = structural.get(path) or loose.get(_loose_path(path, bases))
         if found is not None:
             built[path] = quantized[found]
             layers.add(found)
@@ -217,12 +235,26 @@ def fill_from_preset(backbone, preset_backbone, stored):
         variable.assign(found.value)
 
 
-def check_values(backbone, values):
-    """Refuses scale tensors a quantized layer could not compute with.
+def value_problem(name, value):
+    """What makes a quantized layer's float variable `name` unusable (a
+    phrase), or None: Keras' quantizers write every scale finite and
+    non-zero (they add an epsilon), and a non-finite or zero one gives
+    non-finite logits at the first call. Integer storage is not judged."""
+    import numpy as np
 
-    Keras writes every scale finite and non-zero (its quantizers add an
-    epsilon), and every other float value of a quantized layer finite; a
-    zero or non-finite one would give non-finite logits at the first call.
+    if np.dtype(value.dtype).kind in "iub":
+        return None
+    array = np.asarray(value, np.float32)
+    if not np.isfinite(array).all():
+        return "non-finite values (NaN or infinity)"
+    if "scale" in name and (array == 0).any():
+        return "zeros (a scale divides or multiplies every value)"
+    return None
+
+
+def check_values(backbone, values):
+    """Refuses scale tensors a quantized layer could not compute with
+    (`value_problem`; export refuses a model that holds them).
 
     Args:
         backbone: the backbone built from the artifact (its quantized
@@ -232,25 +264,15 @@ def check_values(backbone, values):
     Raises:
         ArtifactError: naming the variable.
     """
-    import numpy as np
-
     layers = weight_io.quantized_layers(backbone)
     if not layers:
         return
     for variable, value in values:
         owner, name = variable.path.rsplit("/", 1)
-        # Integer storage (int8, packed int4, uint8) holds no scale.
-        if owner not in layers or np.dtype(value.dtype).kind in "iub":
-            continue
-        array = np.asarray(value, np.float32)
-        problem = None
-        if not np.isfinite(array).all():
-            problem = "non-finite values (NaN or infinity)"
-        elif "scale" in name and (array == 0).any():
-            problem = "zeros (a scale divides or multiplies every value)"
+        problem = value_problem(name, value) if owner in layers else None
         if problem is not None:
             raise ArtifactError(
                 f"The stored '{variable.path}' of the quantized layer "
-                f"'{owner}' holds {problem}; Keras never writes such a "
+                f"'{owner}' holds {problem}; export never writes such a "
                 "value. The weights were altered; re-export the model."
             )

@@ -12,6 +12,7 @@ the weights it had.
 
 from keras_vllm import format as fmt
 from keras_vllm.errors import ServingError
+from keras_vllm.load import quantized
 
 # What the served architecture is made of, besides the config's layer names
 # and dtype policy (the dtype is compared on its own).
@@ -60,7 +61,8 @@ def _tokenizer_config(config):
 
 
 def _quantized_layers(fields):
-    return (fields.get("quantization") or {}).get("layers") or {}
+    layers = (fields.get("quantization") or {}).get("layers") or {}
+    return quantized.comparable_layers(layers)
 
 
 def architecture_difference(running, incoming):

@@ -108,6 +108,10 @@ def register():
 
     # A request back from preemption continues from its real tokens.
     resumed_tokens.install()
+    from keras_vllm.serve.worker import prompt_lengths
+
+    # Layers that read each token's prompt length (Phi-3's "su" RoPE).
+    prompt_lengths.install()
     from keras_vllm.serve.worker import state_caches
 
     # Layers with a recurrent state get vLLM state slots, not KV caches.

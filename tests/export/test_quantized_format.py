@@ -22,6 +22,7 @@ from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.load import rebuild
+from keras_vllm.load import update_checks
 
 PROMPTS = testing.prompts()[:2]
 
@@ -239,21 +240,44 @@ def test_hostile_quantization_fields_are_refused_early(
         keras_vllm.load_causal_lm(path)
 
 
-def test_auto_numbered_quantized_layers_load_in_another_numbering(tmp_path):
+def test_quantized_paths_do_not_depend_on_what_the_process_built(tmp_path):
     # Mixtral's MoE block is built without a name: Keras numbers it by how
-    # many the process built before, so the exporting process and the
-    # loading one number it differently. Its quantized router must still be
-    # found (it used to be refused as "no quantizable layer at ...").
-    testing.build_tiny_causal_lm("mixtral")  # advances the numbering
-    model = testing.build_tiny_causal_lm("mixtral")
-    model.backbone.quantize("int8")
-    path = _export(model, tmp_path / "mixtral")
-    recorded = _manifest(path)["quantization"]["layers"]
-    loaded = keras_vllm.load_causal_lm(path)
-    rebuilt = weight_io.quantized_layers(loaded.backbone)
-    assert len(rebuilt) == len(recorded)
-    assert set(rebuilt) != set(recorded)  # other numbers, same layers
-    assert any("sparse_moe_block" in p for p in rebuilt)
-    x, _, _ = testing.tokenize_corpus(model.preprocessor.tokenizer)
+    # many the process built before. Two exports of one int8 model from two
+    # process histories record the same quantized paths (they recorded the
+    # numbers, so a live update from a retrained model was refused as "its
+    # weights are quantized (int8...), the served ones quantized (int8...)"),
+    # and each loads in a process that numbers the block otherwise.
+    # ~40 s here (2 tiny builds, 2 exports without golden outputs, 2 loads).
+    first = testing.build_tiny_causal_lm("mixtral")
+    first.backbone.quantize("int8")
+    second = testing.build_tiny_causal_lm("mixtral")  # other numbers
+    second.backbone.quantize("int8")
+    live = [set(weight_io.quantized_layers(m.backbone)) for m in (first, second)]
+    assert live[0] != live[1]
+    a = first.export_vllm(str(tmp_path / "a"), golden_prompts=())
+    b = second.export_vllm(str(tmp_path / "b"), golden_prompts=())
+    recorded = _manifest(b)["quantization"]["layers"]
+    assert _manifest(a)["quantization"]["layers"] == recorded
+    assert any(p.endswith("mixtral_sparse_moe_block/sparse_feedforward_gate_dense")
+               for p in recorded)
+    update_checks.check_compatible(_manifest(a), _manifest(b), "b")
+
+    x, _, _ = testing.tokenize_corpus(second.preprocessor.tokenizer)
     x = {key: value[:2] for key, value in x.items()}
-    np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(model(x)))
+    loaded = keras_vllm.load_causal_lm(b)
+    rebuilt = set(weight_io.quantized_layers(loaded.backbone))
+    assert len(rebuilt) == len(recorded) and rebuilt != live[1]
+    np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(second(x)))
+
+    # An artifact written before recorded the exporting process's numbers:
+    # still read, and still an update of the new one.
+    old = _manifest(a)
+    old["quantization"]["layers"] = {
+        path: recorded[weight_io.structural_paths(first.backbone)[path]]
+        for path in live[0]
+    }
+    with open(os.path.join(a, fmt.MANIFEST_FILE), "w") as f:
+        json.dump(old, f)
+    update_checks.check_compatible(old, _manifest(b), "b")
+    loaded = keras_vllm.load_causal_lm(a)
+    np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(first(x)))

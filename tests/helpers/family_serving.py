@@ -29,7 +29,8 @@ REFERENCE = {
     # Phi-3's "su" RoPE keys its factors off the length a call covers, and
     # `generate()` prefills the prompt padded to `max_length`
     # (`serving_checks.greedy_by_cached_steps`): the reference is Keras'
-    # cached decoding with the prompt at its own length, token by token.
+    # cached decoding with the prompt at its own length, token by token
+    # (served so however vLLM chunks the prompt: see ENGINE_KWARGS).
     "phi3": serving_checks.greedy_by_cached_steps,
     # KerasHub's cached `generate()` for Qwen 3.5 lets padding into the
     # linear layers' state and feeds the last prompt token twice.
@@ -42,9 +43,16 @@ REFERENCE = {
 # serving prompts (the others queue) and a 32-token step budget, shorter
 # than the longest prompts (their prefill is chunked, the state carried
 # from chunk to chunk).
+# Phi-3 ("su" RoPE, pretraining length 48) gets a 32-token step budget:
+# its 63- and 67-token prompts are prefilled in chunks, at boundaries the
+# other prompts sharing the budget set, the first ending before the
+# pretraining length. Keras prefills a prompt in one call (the long factors
+# for all of a 63-token prompt); greedy tokens, prompt logprobs and golden
+# outputs must still be Keras'.
 ENGINE_KWARGS = {
     "qwen3_5": {"max_num_seqs": 4, "max_num_batched_tokens": 32},
     "qwen3_5_moe": {"max_num_seqs": 4, "max_num_batched_tokens": 32},
+    "phi3": {"max_num_batched_tokens": 32},
 }
 
 

@@ -1,6 +1,6 @@
-"""Artifacts whose attention keys depend on the sequence's length (Phi-3's
-"su" RoPE: keys are rotated with the factors for how long the sequence was
-at the step that wrote them) are served without vLLM's prefix caching: a
+"""Artifacts whose attention keys depend on the prompt's length (Phi-3's
+"su" RoPE: keys are rotated with the factors for how long the request's
+prompt is) are served without vLLM's prefix caching: a
 block cached by a short request would hand a longer prompt keys Keras
 never computes for it (seen: greedy tokens changed after earlier requests
 had cached a shared prefix).

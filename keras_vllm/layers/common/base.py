@@ -75,12 +75,19 @@ class PagedAttention:
         only on the tokens up to it, as vLLM's prefix caching assumes when it
         reuses another request's cached blocks.
 
-        False for layers whose math also depends on how long the sequence
-        was at the step that wrote the token (Phi-3's "su" RoPE): the
-        engine then serves with prefix caching off. Called like
+        False for layers whose math also depends on how long the request's
+        prompt is (Phi-3's "su" RoPE): the engine then serves with prefix
+        caching off. Called like
         `kv_cache_spec`, on the KerasHub layer before it is swapped.
         """
         return True
+
+    def needs_prompt_lengths(self):
+        """Whether this layer reads each token's prompt length
+        (`ServingContext.prompt_lengths`): the runner then passes it
+        (`keras_vllm.serve.worker.prompt_lengths`). Called like
+        `prefix_cacheable`."""
+        return False
 
     def serving_positions(self):
         """vLLM's token positions as a `[T, 1]` int32 tensor.

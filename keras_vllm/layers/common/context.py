@@ -37,12 +37,22 @@ class ServingContext:
         attend_until: `int32[T]`, each token's last visible key position
             when some tokens see past their own (image placeholders that
             attend to their whole image), or None (every token causal).
+        prompt_lengths: `int32[T]`, each token's request's prompt length,
+            for models with a layer that reads it
+            (`PagedAttention.needs_prompt_lengths`), else None. In steps
+            where every token decodes the runner may pass the positions
+            instead (`keras_vllm.serve.worker.prompt_lengths`): a
+            generated token's position is at least its prompt length, so
+            `max(prompt_lengths, positions + 1)`, a token's sequence length
+            counting the whole prompt, is the same either way.
     """
 
     def __init__(self, kv_caches, attention_metadata, positions, mesh=None,
-                 lora_slots=None, cache_of_layer=None, attend_until=None):
+                 lora_slots=None, cache_of_layer=None, attend_until=None,
+                 prompt_lengths=None):
         self.kv_caches = list(kv_caches)
         self.attend_until = attend_until
+        self.prompt_lengths = prompt_lengths
         self.lora_slots = lora_slots
         self._grouped = None
         if isinstance(attention_metadata, dict):

@@ -192,7 +192,7 @@ class KerasVllmForConditionalGeneration(KerasVllmForCausalLM):
     ):
         context = self._serving_context(
             kv_caches, attention_metadata, lora_metadata,
-            layer_name_to_kvcache_index,
+            layer_name_to_kvcache_index, input_positions,
         )
         positions = context.positions
         num_tokens = positions.shape[0]

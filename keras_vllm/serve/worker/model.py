@@ -23,6 +23,7 @@ from keras_vllm.layers.common.base import cache_of_layer
 from keras_vllm.layers.common.context import ServingContext
 from keras_vllm.layers.common.context import serving_context
 from keras_vllm.layers.swap import memory_spec
+from keras_vllm.layers.swap import needs_prompt_lengths
 from keras_vllm.layers.swap import prefix_cacheable
 from keras_vllm.layers.swap import swap_in_paged_layers
 from keras_vllm.load.keras_loader import build_backbone
@@ -83,6 +84,8 @@ class KerasVllmForCausalLM(nnx.Module):
         ):
             # An artifact older than format 1.8 says nothing about it.
             raise ServingError(fmt.no_prefix_caching_message(self._model_path))
+        # Phi-3's "su" RoPE: the runner passes each token's prompt length.
+        self.uses_prompt_lengths = needs_prompt_lengths(backbone)
         attention = swap_in_paged_layers(backbone)
         self.attention_layers = len(attention)
         # Which cache each layer uses when vLLM passes no map (layers that
@@ -171,7 +174,7 @@ class KerasVllmForCausalLM(nnx.Module):
     ):
         context = self._serving_context(
             kv_caches, attention_metadata, lora_metadata,
-            layer_name_to_kvcache_index,
+            layer_name_to_kvcache_index, input_positions,
         )
         positions = context.positions
         # vLLM's T tokens run as T sequences of one token: the backbone's
@@ -191,8 +194,13 @@ class KerasVllmForCausalLM(nnx.Module):
         return context.kv_caches, hidden[:, 0, :], [], None
 
     def _serving_context(self, kv_caches, attention_metadata, lora_metadata,
-                         layer_name_to_kvcache_index):
-        """The step's `ServingContext`, as every served model class opens it."""
+                         layer_name_to_kvcache_index, input_positions=None):
+        """The step's `ServingContext`, as every served model class opens it.
+
+        For a model with a layer that reads prompt lengths, the runner
+        passes them as `input_positions`, an argument keras-vllm's models
+        take their positions from the attention metadata instead of
+        (`keras_vllm.serve.worker.prompt_lengths`)."""
         # Several KV cache groups (attention beside recurrent-state
         # layers): a dict of per-layer metadata, positions the same in all.
         first = (
@@ -205,6 +213,8 @@ class KerasVllmForCausalLM(nnx.Module):
             lora_slots=token_slots(lora_metadata, positions.shape[0])
             if getattr(self, "lora_layers", 0) else None,
             cache_of_layer=self._cache_of_layer(layer_name_to_kvcache_index),
+            prompt_lengths=input_positions
+            if getattr(self, "uses_prompt_lengths", False) else None,
         )
 
     def _cache_of_layer(self, layer_name_to_kvcache_index):
