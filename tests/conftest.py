@@ -6,6 +6,13 @@ tpu-inference): `serving`. Every test under `tests/serve/` has it; a test
 elsewhere carries it itself (`pytestmark = pytest.mark.serving` or the
 decorator). Without the extra, those tests are skipped here, in one place
 (`pytest.importorskip` stays only as a guard for module-level imports).
+
+Two tiers (docs/TESTING.md): README's test command runs every test but
+those marked `matrix`, which repeat a check the CI tier already makes on
+another family, size or mode (TP=4 beside TP=2, a second family per
+quantization mode, ...); `pytest -m matrix` runs them, and any `-m`
+expression chooses for itself. `test_ci_tier.py` fails when a served family
+or a listed feature has no check left in the CI tier.
 """
 
 import importlib.util
@@ -16,6 +23,9 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("KERAS_NNX_ENABLED", "true")
 
 import pytest  # noqa: E402
+
+# Files run longest first; `--record-costs` measures them (helpers/costs.py).
+pytest_plugins = ["helpers.costs"]
 
 TESTS = pathlib.Path(__file__).parent
 # Test folders whose every test needs the serving extra.
@@ -29,8 +39,17 @@ def serving_stack_installed():
     )
 
 
+def in_ci_tier(item):
+    return item.get_closest_marker("matrix") is None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    if not config.option.markexpr:
+        deselected = [item for item in items if not in_ci_tier(item)]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if in_ci_tier(item)]
     for item in items:
         folder = pathlib.Path(item.path).relative_to(TESTS).parts[0]
         if folder in SERVING_FOLDERS:
@@ -45,20 +64,39 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _session_dir(tmp_path_factory, worker_id, name):
+    """A directory of this test run, shared by its pytest-xdist workers
+    (their own temporary directories are below one run directory)."""
+    if worker_id == "master":
+        return tmp_path_factory.mktemp(name)
+    path = tmp_path_factory.getbasetemp().parent / name
+    path.mkdir(exist_ok=True)
+    return path
+
+
 @pytest.fixture(scope="session", autouse=True)
-def compile_cache(tmp_path_factory):
-    """One persistent XLA compile cache for every engine of the session.
+def compile_cache(tmp_path_factory, worker_id):
+    """One persistent XLA compile cache for the whole test run.
 
     Engines whose programs match (the same family and sizes, or the
     sampling and logits programs of families with equal vocabularies) load
-    them instead of compiling them again. Set in the environment, so that
-    vLLM's spawned engine processes and the CLI subprocesses inherit it. JAX
-    skips programs that compile in under a second by default, which on CPU
-    is nearly all of them. A cache directory set by the caller is kept.
+    them instead of compiling them again, whichever worker compiled them
+    first. Set in the environment, so that vLLM's spawned engine processes
+    and the CLI subprocesses inherit it. JAX skips programs that compile in
+    under a second by default, which on CPU is nearly all of an engine's.
+    The test processes' own compiles (Keras references of models rebuilt
+    from artifacts or presets, the same model's programs in both workers)
+    use it too, from a second up: below that, eager ops would write
+    thousands of entries for nothing. Concurrent readers and writers are
+    safe: JAX recompiles (with a warning) an entry it cannot read. A cache
+    directory set by the caller is kept.
     """
+    import jax
+
     directory = os.environ.get("VLLM_XLA_CACHE_PATH") or str(
-        tmp_path_factory.mktemp("xla_cache")
+        _session_dir(tmp_path_factory, worker_id, "xla_cache")
     )
+    jax.config.update("jax_compilation_cache_dir", directory)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_XLA_CACHE_PATH", directory)
         # The same directory from the start of each engine process, so that
@@ -83,6 +121,27 @@ def compile_on_demand():
     with pytest.MonkeyPatch.context() as patch:
         if "SKIP_JAX_PRECOMPILE" not in os.environ:
             patch.setenv("SKIP_JAX_PRECOMPILE", "1")
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def engine_costs():
+    """Each engine start counts toward its test file's cost (`--record-costs`,
+    helpers/costs.py)."""
+    if not serving_stack_installed():
+        yield
+        return
+    from helpers import costs
+    from keras_vllm.serve.engine.engine import KerasVllmEngine
+
+    start = KerasVllmEngine.from_export.__func__
+
+    def from_export(cls, *args, **kwargs):
+        with costs.timed("engine"):
+            return start(cls, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(KerasVllmEngine, "from_export", classmethod(from_export))
         yield
 
 

@@ -2,12 +2,15 @@
 
 Greedy decoding by the forward pass (`reference.greedy_batch(...,
 name="forward_pass")`, the reference of models whose cached `generate()`
-is not their forward pass) runs the whole sequence once per new token.
-Called eagerly, every op of every layer dispatches on its own (Qwen 3.5's
-chunked delta rule alone is hundreds of them a step); compiled, one step
-is one XLA call on the same variables. The computation is the model's own
-`call` (through `stateless_call`), so the reference does not change, only
-its cost: one compile per input shape, then milliseconds a step.
+is not their forward pass) runs the whole sequence once per new token, and
+teacher-forced log-probabilities (`reference.teacher_forced_logprobs`)
+run it once per prompt. Called eagerly, every op of every layer dispatches
+on its own, and compiles on its own for each new input length (Qwen 3.5's
+chunked delta rule alone is hundreds of ops a step; a tiny model's three
+prompts cost about 25 s of op compiles on a small CPU host); compiled, one
+call is one XLA call on the same variables. The computation is the model's
+own `call` (through `stateless_call`), so the reference does not change,
+only its cost: one compile per input shape, then milliseconds a call.
 """
 
 import json
@@ -57,6 +60,46 @@ def last_position_argmax(
     """
     import numpy as np
 
+    rows = np.shape(token_ids)[0]
+    ids, mask = _bucketed(token_ids, padding_mask)
+    last = np.full(ids.shape[0], int(last_positions[0]), dtype="int32")
+    last[:rows] = last_positions
+    tokens = _compiled(causal_lm, "argmax")(
+        *_variables(causal_lm), make_inputs(causal_lm, ids, mask), last
+    )
+    return [int(t) for t in np.asarray(tokens)[:rows]]
+
+
+def logprobs(causal_lm, token_ids, padding_mask, make_inputs):
+    """Each row's log-softmax over the vocabulary at every position.
+
+    Padded as `last_position_argmax` pads, so calls of different lengths
+    (up to `MIN_LENGTH`) and up to `ROWS` rows share one compile.
+
+    Args:
+        causal_lm, make_inputs: as `last_position_argmax`.
+        token_ids: int `[B, T]`.
+        padding_mask: bool `[B, T]`.
+
+    Returns:
+        float32 numpy array `[B, T, vocab]`.
+    """
+    import numpy as np
+
+    rows, length = np.shape(token_ids)
+    ids, mask = _bucketed(token_ids, padding_mask)
+    out = _compiled(causal_lm, "logprobs")(
+        *_variables(causal_lm), make_inputs(causal_lm, ids, mask)
+    )
+    return np.asarray(out)[:rows, :length]
+
+
+def _bucketed(token_ids, padding_mask):
+    """Inputs padded to the shared bucket: rows with copies of the first
+    row, positions with masked zeros after the last (causal layers never
+    let later positions change earlier ones)."""
+    import numpy as np
+
     rows, length = np.shape(token_ids)
     bucket = (-(-rows // ROWS) * ROWS, max(MIN_LENGTH, length))
     ids = np.zeros(bucket, dtype="int32")
@@ -64,23 +107,28 @@ def last_position_argmax(
     ids[:rows, :length] = token_ids
     mask[:rows, :length] = padding_mask
     ids[rows:], mask[rows:] = ids[0], mask[0]
-    last = np.full(bucket[0], int(last_positions[0]), dtype="int32")
-    last[:rows] = last_positions
-    key = _structure(causal_lm)
+    return ids, mask
+
+
+def _variables(causal_lm):
+    return (
+        [v.value for v in causal_lm.trainable_variables],
+        [v.value for v in causal_lm.non_trainable_variables],
+    )
+
+
+def _compiled(causal_lm, output):
+    """The compiled forward of `causal_lm`'s structure returning `output`
+    ("argmax" or "logprobs")."""
+    key = (output, _structure(causal_lm))
     forward, traced = _COMPILED.get(key, (None, lambda: None))
     if traced() is None:
         # The model is held weakly: the cache must not keep it alive. Once
         # it is gone, the next model of its structure traces its own.
         traced = weakref.ref(causal_lm)
-        forward = _compile(traced)
+        forward = _compile(traced, output)
         _COMPILED[key] = (forward, traced)
-    tokens = forward(
-        [v.value for v in causal_lm.trainable_variables],
-        [v.value for v in causal_lm.non_trainable_variables],
-        make_inputs(causal_lm, ids, mask),
-        last,
-    )
-    return [int(t) for t in np.asarray(tokens)[:rows]]
+    return forward
 
 
 def _structure(causal_lm):
@@ -100,11 +148,11 @@ def _structure(causal_lm):
     return type(causal_lm), type(backbone), config, variables
 
 
-def _compile(model_ref):
+def _compile(model_ref, output):
     import jax
     import jax.numpy as jnp
 
-    def forward(trainable, non_trainable, inputs, last_positions):
+    def argmax(trainable, non_trainable, inputs, last_positions):
         logits, _ = model_ref().stateless_call(
             trainable, non_trainable, inputs
         )
@@ -113,4 +161,10 @@ def _compile(model_ref):
         )[:, 0]
         return jnp.argmax(picked, axis=-1)
 
-    return jax.jit(forward)
+    def logprobs(trainable, non_trainable, inputs):
+        logits, _ = model_ref().stateless_call(
+            trainable, non_trainable, inputs
+        )
+        return jax.nn.log_softmax(logits.astype("float32"), axis=-1)
+
+    return jax.jit({"argmax": argmax, "logprobs": logprobs}[output])

@@ -11,9 +11,14 @@ reference for a model whose cached `generate()` differs from its own forward
 pass (KerasHub's GPT-NeoX).
 """
 
+import weakref
+
 import numpy as np
 
 from keras_vllm.hub import compiled_forward
+
+# Each model's greedy generate function (see `_generate_rows`).
+_GREEDY_FUNCTIONS = weakref.WeakKeyDictionary()
 
 
 def prompt_token_ids(causal_lm, text):
@@ -182,9 +187,15 @@ def _generate_rows(causal_lm, padded, mask, lengths, stop_token_ids):
 
     sampler, function = causal_lm.sampler, causal_lm.generate_function
     causal_lm.sampler = keras_hub.samplers.GreedySampler()
-    causal_lm.generate_function = None
+    causal_lm.generate_function = _GREEDY_FUNCTIONS.get(causal_lm)
     try:
         generate = causal_lm.make_generate_function()
+        # Kept for the next call: keras-hub's JAX generate function is one
+        # `jax.jit` that takes the weights as arguments and traces the
+        # sampler set when a new shape first compiles (greedy here, always).
+        # A new function per call compiled every call again (seconds each
+        # on CPU: export's goldens, `verify`, the tests' references).
+        _GREEDY_FUNCTIONS[causal_lm] = generate
         stops = tuple(stop_token_ids) if stop_token_ids else None
         outputs = generate(
             {"token_ids": padded, "padding_mask": mask}, stop_token_ids=stops
@@ -244,14 +255,52 @@ def teacher_forced_logprobs(causal_lm, token_ids):
         float32 array `[len(token_ids), vocab]`: row i is the distribution
         over the token after position i.
     """
+    return teacher_forced_logprobs_batch(causal_lm, [token_ids])[0]
+
+
+def teacher_forced_logprobs_batch(causal_lm, prompts):
+    """`teacher_forced_logprobs` of each prompt (lists of ints).
+
+    Float models run one compiled forward pass for all prompts, padded on
+    the right to a shared shape (`compiled_forward.logprobs`: causal
+    attention keeps the padding invisible, and calls of other lengths reuse
+    the compile). Models with quantized layers run one eager, unpadded pass
+    per prompt: Keras' int8 layers round each token's activations to its
+    own abs-max scale, and another summation order (another shape) can
+    move a value across a rounding step (seen: 7e-3 on a tiny Llama).
+
+    Returns:
+        A list of float32 arrays `[len(prompt), vocab]`.
+    """
     from keras import ops
 
-    ids = np.asarray([token_ids], dtype="int32")
-    logits = causal_lm(
-        _inputs(causal_lm, ids, np.ones_like(ids, dtype="bool"))
+    if not _quantized(causal_lm):
+        length = max(len(ids) for ids in prompts)
+        padded = np.zeros((len(prompts), length), dtype="int32")
+        mask = np.zeros((len(prompts), length), dtype="bool")
+        for row, ids in enumerate(prompts):
+            padded[row, : len(ids)] = ids
+            mask[row, : len(ids)] = True
+        rows = compiled_forward.logprobs(causal_lm, padded, mask, _inputs)
+        return [rows[row, : len(ids)] for row, ids in enumerate(prompts)]
+    outputs = []
+    for token_ids in prompts:
+        ids = np.asarray([token_ids], dtype="int32")
+        logits = causal_lm(
+            _inputs(causal_lm, ids, np.ones_like(ids, dtype="bool"))
+        )
+        logits = ops.cast(logits[0], "float32")
+        outputs.append(np.asarray(ops.log_softmax(logits, axis=-1)))
+    return outputs
+
+
+def _quantized(causal_lm):
+    """Whether any of the model's layers runs quantized (Keras sets a
+    layer's `quantization_mode`: int8, int4, gptq, float8)."""
+    return any(
+        getattr(layer, "quantization_mode", None)
+        for layer in causal_lm._flatten_layers(include_self=False)
     )
-    logits = ops.cast(logits[0], "float32")
-    return np.asarray(ops.log_softmax(logits, axis=-1))
 
 
 def _inputs(causal_lm, token_ids, padding_mask):

@@ -12,6 +12,8 @@ import time
 import pytest
 import requests
 
+from helpers import costs
+
 
 def _free_port():
     with socket.socket() as s:
@@ -46,6 +48,7 @@ def running_server(command, log_path, timeout, cwd=None):
         url = ServerUrl(f"http://127.0.0.1:{port}")
         url.process = process
         deadline = time.time() + timeout
+        started = time.perf_counter()
         try:
             while True:
                 if process.poll() is not None:
@@ -62,6 +65,7 @@ def running_server(command, log_path, timeout, cwd=None):
                         "The server did not start:\n" + log.read()[-5000:]
                     )
                 time.sleep(0.2)
+            costs.record("server", time.perf_counter() - started)
             yield url
         finally:
             process.terminate()

@@ -109,11 +109,6 @@ def expected_batch(greedy, causal_lm, prompt_ids, new_tokens, stops=()):
     return [memo[key(ids)] for ids in prompt_ids]
 
 
-def expected_tokens(greedy, causal_lm, ids, new_tokens, stops):
-    """`greedy(causal_lm, ids, new_tokens, stops)`, computed once."""
-    return expected_batch(greedy, causal_lm, [ids], new_tokens, stops)[0]
-
-
 def start_engine(causal_lm, directory, **engine_kwargs):
     """Exports `causal_lm` and starts an engine sized to the serving checks
     (`engine_shapes.ENGINE_KWARGS`, unless `engine_kwargs` say otherwise)."""
@@ -177,12 +172,13 @@ def check_prompt_logprobs(engine, causal_lm, atol=1e-4, median_atol=None):
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
     outputs = engine.generate(prompts, params)
     differences = []
-    for out in outputs:
+    # One compiled call for the prompts (quantized models: one eager pass
+    # each, see `reference.teacher_forced_logprobs_batch`).
+    references = reference.teacher_forced_logprobs_batch(
+        causal_lm, [out.prompt_token_ids for out in outputs]
+    )
+    for out, keras_logprobs in zip(outputs, references):
         ids = out.prompt_token_ids
-        # One unpadded forward pass per prompt: a right-padded batch is not
-        # the same computation for Keras' int8 layers (seen: 7e-3 apart on
-        # the tiny Llama), so the reference stays the model's own pass.
-        keras_logprobs = reference.teacher_forced_logprobs(causal_lm, ids)
         for i in range(1, len(ids)):
             served = out.prompt_logprobs[i][ids[i]].logprob
             differences.append(abs(served - keras_logprobs[i - 1, ids[i]]))
@@ -212,17 +208,11 @@ def check_default_sampling_is_the_models(
     assert length is not None
     prompt_ids = _ids(causal_lm, prompts)
     counts = [max(length - len(ids), 1) for ids in prompt_ids]
-    if _NAMES[greedy] == "forward_pass":
-        # Quadratic per prompt: decode all prompts together for the longest
-        # count and cut each row to its own (greedy decoding's first n
-        # tokens do not depend on how many follow).
-        rows = expected_batch(greedy, causal_lm, prompt_ids, max(counts), stops)
-        wants = [row[:n] for row, n in zip(rows, counts)]
-    else:
-        wants = [
-            expected_tokens(greedy, causal_lm, ids, n, stops)
-            for ids, n in zip(prompt_ids, counts)
-        ]
+    # All prompts in one batch for the longest count, each row cut to its
+    # own (greedy decoding's first n tokens do not depend on how many
+    # follow): one reference compile instead of one per prompt length.
+    rows = expected_batch(greedy, causal_lm, prompt_ids, max(counts), stops)
+    wants = [row[:n] for row, n in zip(rows, counts)]
     assert first == wants
 
 

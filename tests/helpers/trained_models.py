@@ -20,6 +20,7 @@ import os
 import time
 import types
 
+from helpers import costs
 from keras_vllm import testing
 
 # The tiny configuration each family is tested in: the default tiny model
@@ -88,7 +89,8 @@ def _run(family, overrides, stored):
         with open(stored + ".json") as f:
             losses = json.load(f)
     else:
-        losses = testing.fine_tune(causal_lm)
+        with costs.timed("fine-tune"):
+            losses = testing.fine_tune(causal_lm)
         if stored is not None:
             causal_lm.save_weights(stored + ".weights.h5")
             with open(stored + ".json", "w") as f:
@@ -154,8 +156,9 @@ def lora_fine_tune(family, texts, rank=2, steps=8, learning_rate=5e-2):
     if key not in _LORA_FINE_TUNES:
         model = trained_copy(family)
         model.backbone.enable_lora(rank)
-        testing.fine_tune(
-            model, steps=steps, texts=texts, learning_rate=learning_rate
-        )
+        with costs.timed("fine-tune"):
+            testing.fine_tune(
+                model, steps=steps, texts=texts, learning_rate=learning_rate
+            )
         _LORA_FINE_TUNES[key] = model
     return _LORA_FINE_TUNES[key]

@@ -40,4 +40,23 @@ def test_compiled_argmax_is_the_models_own_on_its_own_weights(monkeypatch):
     # One compile for both: the second model ran the first one's trace.
     key = compiled_forward._structure(first)
     assert key == compiled_forward._structure(second)
-    assert compiled_forward._COMPILED[key][1]() is first
+    assert compiled_forward._COMPILED["argmax", key][1]() is first
+
+
+def test_compiled_logprobs_are_the_models_own(monkeypatch):
+    """Teacher-forced log-probabilities, compiled and padded to the shared
+    bucket, equal one eager forward pass per prompt (the float model's;
+    `reference.teacher_forced_logprobs` keeps quantized models eager).
+    About 10 s: two compiles of a tiny model."""
+    monkeypatch.setattr(compiled_forward, "_COMPILED", {})
+    model = testing.build_tiny_causal_lm("llama", seed=0)
+    prompts = [[1, 7, 9, 30, 12], [1, 40, 41, 42, 43, 44, 45, 46, 47]]
+    got = reference.teacher_forced_logprobs_batch(model, prompts)
+    for ids, rows in zip(prompts, got):
+        x = np.asarray([ids], dtype="int32")
+        logits = np.asarray(model(reference._inputs(model, x, x > 0)))[0]
+        want = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        assert rows.shape == want.shape
+        np.testing.assert_allclose(rows, want, atol=1e-5)
+    # One compile for both lengths.
+    assert [k[0] for k in compiled_forward._COMPILED] == ["logprobs"]

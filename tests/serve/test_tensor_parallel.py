@@ -11,7 +11,6 @@ a clean interpreter (the fork server) and gets its devices by itself.
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -38,8 +37,17 @@ MECHANISMS = {
 # TP=2 and TP=4 for every mechanism (the tiny models' 4 query heads divide
 # both); at 4, Llama-style GQA models also have more devices than KV heads
 # (tpu-inference repeats them, and the KV cache is padded). Every engine
-# costs 30-60 s of CI on 2 cores.
-CASES = [(family, tp) for tp in (2, 4) for family in MECHANISMS]
+# costs 30-60 s of CI on 2 cores, so the CI tier runs TP=4 for the GQA case
+# only (what TP=4 adds over TP=2); the rest of TP=4 is in `-m matrix`.
+TP4_IN_CI = ("llama",)
+CASES = [(family, 2) for family in MECHANISMS] + [
+    pytest.param(
+        (family, 4),
+        marks=() if family in TP4_IN_CI else pytest.mark.matrix,
+        id=f"{family}-tp4",
+    )
+    for family in MECHANISMS
+]
 # GPT-OSS at TP=2 only: attention sinks split with their heads (tpu-inference
 # shards them over the heads axis), routed experts with biases split along
 # their intermediate size, a sliding window on one layer.
@@ -61,7 +69,9 @@ CASES.append(("qwen3_5_moe", 2))
 
 
 @pytest.fixture(
-    scope="module", params=CASES, ids=[f"{f}-tp{tp}" for f, tp in CASES]
+    scope="module",
+    params=CASES,
+    ids=[None if hasattr(c, "id") else f"{c[0]}-tp{c[1]}" for c in CASES],
 )
 def served(request, tmp_path_factory):
     family, tp = request.param
@@ -161,7 +171,6 @@ def test_unshardable_size_is_refused_before_vllm_starts(llama_artifact):
 
 def test_vllm_serve_refuses_an_unshardable_size(llama_artifact):
     vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
-    start = time.time()
     result = subprocess.run(
         [vllm, "serve", llama_artifact, "--tensor-parallel-size", "8"],
         capture_output=True,
@@ -170,8 +179,8 @@ def test_vllm_serve_refuses_an_unshardable_size(llama_artifact):
     )
     assert result.returncode == refusals.EXIT_REFUSED, result.stderr[-3000:]
     assert "tensor_parallel_size=8 cannot serve" in result.stderr
+    # Exit 3: refused while vLLM reads its arguments, before any engine.
     assert "Sizes that work: 1, 2, 4." in result.stderr
-    assert time.time() - start < 60  # refused before any engine starts
 
 
 def test_valid_sizes_follow_tpu_inference_head_rules():

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -392,12 +391,20 @@ def test_from_export_refuses_before_vllm_starts(
 ):
     from keras_vllm.serve.engine.engine import KerasVllmEngine
 
+    import vllm
+
     case = artifacts["cases"][name]
-    start = time.monotonic()
-    with pytest.raises(keras_vllm.SignatureError) as raised:
-        KerasVllmEngine.from_export(case[0], public_key=keys["ours"][1])
+
+    def started(*args, **kwargs):
+        raise AssertionError("vLLM started before the refusal")
+
+    # Refused before vLLM starts: `vllm.LLM` is never constructed (a wall
+    # clock bound here flaked on a loaded 2-core host).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vllm, "LLM", started)
+        with pytest.raises(keras_vllm.SignatureError) as raised:
+            KerasVllmEngine.from_export(case[0], public_key=keys["ours"][1])
     _says(str(raised.value), case)
-    assert time.monotonic() - start < 10
     assert envs.PUBLIC_KEY.raw() is None  # nothing leaked to the process
 
 
@@ -587,7 +594,6 @@ def test_plain_vllm_serve_refuses_under_the_policy(artifacts, keys):
     """`KERAS_VLLM_PUBLIC_KEY` with plain `vllm serve` (the artifact passes
     its checksums: only the signature can refuse it)."""
     case = artifacts["cases"]["rehashed_manifest"]
-    start = time.monotonic()
     result = subprocess.run(
         [os.path.join(BIN, "vllm"), "serve", case[0], "--port", "0"],
         capture_output=True,
@@ -598,8 +604,9 @@ def test_plain_vllm_serve_refuses_under_the_policy(artifacts, keys):
     assert result.returncode == refusals.EXIT_REFUSED, result.stderr[-3000:]
     assert "keras-vllm refused vllm serve: SignatureError: " in result.stderr
     _says(result.stderr, case)
+    # Exit 3 is the plugin's refusal while vLLM reads its arguments, before
+    # any engine starts (a wall-clock bound here flaked on a loaded host).
     assert "Traceback" not in result.stderr
-    assert time.monotonic() - start < 30
 
 
 @pytest.mark.parametrize("digest", ["b'\\x01'", "b'\"'"])
