@@ -4,11 +4,11 @@ A pytest plugin (`conftest.py` loads it):
 
 - **Order.** Test files run longest first, by the seconds recorded in
   `tests/costs.json` (a file not listed there counts as
-  `DEFAULT_SECONDS`). Under `pytest -n 2 --dist loadfile
-  --no-loadscope-reorder` each worker takes the next file when it is
-  done, so the longest files start first and short ones fill the end: the
-  two workers finish close together instead of one idling while the other
-  runs the last long file.
+  `DEFAULT_SECONDS`). Under `pytest -n 2 --dist loadfile` each worker
+  takes the next file when it is done (pytest-xdist's own reordering, by
+  number of tests, is turned off), so the longest files start first and
+  short ones fill the end: the two workers finish close together instead
+  of one idling while the other runs the last long file.
 - **Record.** `--record-costs=PATH` writes, per test file: its wall seconds
   on the worker that ran it, its tests, and what it spent on engines and
   servers it started, fine-tunes it ran and JAX compiles in the test
@@ -117,6 +117,10 @@ def pytest_runtest_logfinish(nodeid, location):
 
 
 def pytest_configure(config):
+    # pytest-xdist orders files by their number of tests unless told not
+    # to; the order chosen here (longest first) is the one to keep.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     if config.getoption("--record-costs", None) is None:
         return
     # JAX compiles in this process (the Keras references, fine-tunes,
