@@ -151,13 +151,16 @@ def test_generate_matches_greedy_reference(trained, request):
                 "the wrong offset",
             )
         )
-    # The tiny Qwen 3.5 MoE (one linear layer) decodes these two short
-    # prompts alike either way: KerasHub's cached path differs from its
-    # forward pass (the served reference) but not in these argmaxes.
-    if family == "qwen3_5":
+    # Both Qwen 3.5 classes share KerasHub's cached linear-attention path,
+    # which differs from its forward pass (the served reference). The tiny
+    # Qwen 3.5 decodes these prompts differently every time; the tiny MoE
+    # (one linear layer) differs by small logit gaps that a change of
+    # summation order (XLA's optimization level, thread count) can flip
+    # either way, so its xfail is not strict.
+    if family in ("qwen3_5", "qwen3_5_moe"):
         request.applymarker(
             pytest.mark.xfail(
-                strict=True,
+                strict=family == "qwen3_5",
                 reason="KerasHub Qwen 3.5 cached decoding lets padding into "
                 "the linear layers' state and feeds the last prompt token "
                 "twice",
