@@ -108,6 +108,10 @@ def register():
 
     # A request back from preemption continues from its real tokens.
     resumed_tokens.install()
+    from keras_vllm.serve.worker import speculative_prompt_logprobs
+
+    # Prompt logprobs on an engine that speculates, without stopping it.
+    speculative_prompt_logprobs.install()
     from keras_vllm.serve.worker import state_caches
 
     # Layers with a recurrent state get vLLM state slots, not KV caches.
