@@ -30,6 +30,9 @@ the output:
   with factors chosen by the step's sequence length (Phi-3's "su" RoPE,
   the artifact's `prefix_caching: false`) change when the step also holds
   drafts. Both keyed on what the artifact declares, not on its family;
+- n-gram on an artifact that serves images: in a step that carries an
+  image, placeholder tokens attend to their run both ways, and a run of
+  drafted placeholder tokens would too;
 - n-gram on a data-parallel engine (untested with keras-vllm models).
 
 Per request (`keras_vllm.serve.frontend.sampling`): structured outputs on a
@@ -159,7 +162,15 @@ def _check_layers(artifact):
     config = artifact.read_json(fmt.CONFIG_FILE)
     state = config.get("recurrent_state_layers")
     why = None
-    if state:
+    if "image" in fmt.served_modalities(artifact.manifest):
+        why = (
+            "it serves images, and in a step that carries an image every "
+            "run of image placeholder tokens attends to itself both ways, "
+            "drafted placeholders too (`serve/worker/image_model.py`). Its "
+            "text decoder alone speculates exactly: re-export it without "
+            "an image converter to serve text only"
+        )
+    elif state:
         why = (
             f"its layers {list(state)} keep a recurrent state (linear "
             "attention) that every token of a step rewrites, rejected draft "

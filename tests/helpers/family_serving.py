@@ -70,6 +70,15 @@ SPECULATIVE = {
 NOT_SPECULATING = ("phi3", "qwen3_5", "qwen3_5_moe")
 
 
+def check_drafts_verified(outputs):
+    """Both ways a verify step ends ran in a batch served with `SPECULATIVE`:
+    drafts accepted (their KV kept, the bonus token sampled after them) and
+    drafts all rejected (their KV overwritten by later steps)."""
+    steps = [o.outputs[0].spec_decode_metrics.histogram for o in outputs]
+    assert sum(sum(h[1:]) for h in steps) > 0, steps
+    assert sum(h[0] for h in steps) > 0, steps
+
+
 def served_fixture(families):
     """A module fixture: one engine per family, torn down before the next."""
 
@@ -98,11 +107,7 @@ def test_greedy_matches_generate(served):
         engine, model, greedy=_greedy(family)
     )
     if family not in NOT_SPECULATING:
-        # Both paths ran: drafts accepted (their KV kept, the bonus token
-        # sampled after them) and drafts all rejected (overwritten later).
-        steps = [o.outputs[0].spec_decode_metrics.histogram for o in outputs]
-        assert sum(sum(h[1:]) for h in steps) > 0, steps
-        assert sum(h[0] for h in steps) > 0, steps
+        check_drafts_verified(outputs)
 
 
 def test_speculation_is_refused_where_it_would_change_output(served):

@@ -122,3 +122,53 @@ def test_every_spelling_of_the_command_line_is_read(argv, config):
 def test_a_speculative_config_that_is_not_json_is_refused():
     with pytest.raises(ServingError, match="not a JSON object"):
         speculation.from_argv(["--speculative-config", "ngram"])
+
+
+def test_prompt_logprobs_steps_run_on_a_speculating_runner(monkeypatch):
+    """`serve/worker/speculative_prompt_logprobs.py` on a stand-in for
+    tpu-inference's runner, which refuses a step with prompt logprobs while
+    its `speculative_config` is set (engines: the family modules' prompt
+    logprobs checks)."""
+    from keras_vllm import format as fmt
+    from keras_vllm.serve.worker import speculative_prompt_logprobs as fix
+
+    config = object()
+
+    class Runner:
+        def __init__(self, model_type):
+            self.model_config = types.SimpleNamespace(
+                hf_config=types.SimpleNamespace(model_type=model_type)
+            )
+            self.speculative_config = config
+            self.input_batch = types.SimpleNamespace(num_prompt_logprobs={})
+            self.seen = []
+
+        def _prepare_inputs(self):
+            self.seen.append(("prepare", self.speculative_config))
+
+        def _execute_model(self):
+            self._prepare_inputs()
+            if self.speculative_config and self.input_batch.num_prompt_logprobs:
+                raise ValueError("prompt_logprobs is not supported")
+            return "ran"
+
+    Runner._prepare_inputs = fix._prepared(Runner._prepare_inputs)
+    Runner._execute_model = fix._step(Runner._execute_model)
+    ours, theirs = Runner(fmt.MODEL_TYPE), Runner("llama")
+    for runner in (ours, theirs):
+        assert runner._execute_model() == "ran"
+        runner.input_batch.num_prompt_logprobs["req-1"] = 0
+    assert ours._execute_model() == "ran"
+    # The drafts were laid out with the config, which is back after the step.
+    assert ours.seen[-1] == ("prepare", config)
+    assert ours.speculative_config is config
+    with pytest.raises(ValueError):
+        theirs._execute_model()
+    assert theirs.speculative_config is config
+
+
+def test_artifacts_that_serve_images_are_refused():
+    images = _artifact(manifest={"modalities": {"served": ["text", "image"]}})
+    with pytest.raises(ServingError, match="serves images"):
+        speculation.check(images, {"speculative_config": NGRAM})
+    speculation.check(images, {})

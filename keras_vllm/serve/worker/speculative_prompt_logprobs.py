@@ -16,11 +16,11 @@ leaves `input_batch.num_prompt_logprobs`) in the step that ends its prompt,
 before the n-gram proposer drafts anything for it.
 
 `install()` lets such steps run on runners serving a keras-vllm artifact:
-their `speculative_config` reads None only between the step's input
-preparation (`_prepare_inputs`, which lays the drafts out) and the
-embedding lookup that follows the refusal (`_get_input_ids_embeds`), and
-is restored there, or when `_execute_model` returns whatever happened.
-Sampling, rejection and drafting see the engine's config as before. Other
+their `speculative_config` reads None from the end of the step's input
+preparation (`_prepare_inputs`, which lays the drafts out) until
+`_execute_model` returns, whatever happens; the rest of `_execute_model`
+reads it only for the refusal. Sampling, rejection and drafting
+(`sample_tokens`, called after) see the engine's config as before. Other
 models keep tpu-inference's behaviour.
 """
 
@@ -75,20 +75,10 @@ def _prepared(original):
     return _prepare_inputs
 
 
-def _embedded(original):
-    @functools.wraps(original)
-    def _get_input_ids_embeds(self, *args, **kwargs):
-        _restore(self)
-        return original(self, *args, **kwargs)
-
-    return _get_input_ids_embeds
-
-
 def install():
-    """Rebinds the three runner methods (idempotent; keras-vllm's vLLM
+    """Rebinds the two runner methods (idempotent; keras-vllm's vLLM
     plugin calls it in every vLLM process)."""
     from tpu_inference.runner.tpu_runner import TPUModelRunner
 
     patching.replace(TPUModelRunner, "_execute_model", _step)
     patching.replace(TPUModelRunner, "_prepare_inputs", _prepared)
-    patching.replace(TPUModelRunner, "_get_input_ids_embeds", _embedded)
