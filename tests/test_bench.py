@@ -223,6 +223,9 @@ def test_speculative_bench_acceptance_figures():
     cell = {"drafted": 40, "accepted": 24, "verify_steps": 10}
     assert speculative._acceptance(cell) == ("60%", "3.40")
     assert speculative._acceptance({"drafted": 0}) == ("no drafts", "-")
+    # 3.4 tokens a verify step at 2x the plain rate: each step 1.7x as long.
+    assert speculative._step_ratio({"decode_tok_s": 10.0},
+                                   dict(cell, decode_tok_s=20.0)) == "1.70"
     prompts = speculative._prompts(3, 100, seed=1)
     assert [len(p["prompt_token_ids"]) for p in prompts] == [
         speculative.PROMPT_TOKENS] * 3
