@@ -212,3 +212,22 @@ def test_hybrid_bench_compares_models_of_one_size():
         assert len(values) == 1, (name, values)
     counts = [b.count_params() for b in backbones.values()]
     assert max(counts) / min(counts) < 1.15, counts
+
+
+def test_speculative_bench_acceptance_figures():
+    """`bench.speculative`'s acceptance columns from vLLM's per-request
+    histograms (index = drafts accepted in a verify step)."""
+    from keras_vllm.bench import speculative
+
+    # 10 verify steps drafting 4 each: 6 accepted all 4, 4 accepted none.
+    cell = {"drafted": 40, "accepted": 24, "verify_steps": 10}
+    assert speculative._acceptance(cell) == ("60%", "3.40")
+    assert speculative._acceptance({"drafted": 0}) == ("no drafts", "-")
+    # 3.4 tokens a verify step at 2x the plain rate: each step 1.7x as long.
+    assert speculative._step_ratio({"decode_tok_s": 10.0},
+                                   dict(cell, decode_tok_s=20.0)) == "1.70"
+    prompts = speculative._prompts(3, 100, seed=1)
+    assert [len(p["prompt_token_ids"]) for p in prompts] == [
+        speculative.PROMPT_TOKENS] * 3
+    assert prompts == speculative._prompts(3, 100, seed=1)
+    assert max(max(p["prompt_token_ids"]) for p in prompts) < 100

@@ -15,6 +15,11 @@ splitting evenly over the mesh's `data` axis): one more program to
 compile per engine start, not the four of `MIN_TOKEN_BUCKET=1`. Steps of
 2-16 tokens keep the 16-token bucket. A user's own `MIN_TOKEN_BUCKET` or
 `compilation_sizes` is left as given.
+
+An engine that speculates (`speculative_config`) gets one more: a lone
+sequence's verify step (its token and `num_speculative_tokens` drafts)
+computes that many rows, not 16 (docs/benchmarks.md, "Speculative
+decoding").
 """
 
 import logging
@@ -23,10 +28,13 @@ import os
 logger = logging.getLogger("keras_vllm")
 
 ONE_TOKEN = 1
+# tpu-inference's smallest bucket by default (its `MIN_TOKEN_BUCKET`).
+SMALLEST_DEFAULT_BUCKET = 16
 
 
 def add_one_token_bucket(vllm_config):
-    """Adds a 1-token bucket to a CPU engine's config, unless the user chose.
+    """Adds a 1-token bucket to a CPU engine's config, unless the user chose
+    (and, when it speculates, a bucket of one token plus its drafts).
 
     Args:
         vllm_config: the `VllmConfig` being finalized (on a CPU host).
@@ -45,6 +53,11 @@ def add_one_token_bucket(vllm_config):
     # holds the data-parallel size (vLLM's own is reset to 1 by then).
     sharding = getattr(vllm_config, "sharding_config", None)
     replicas = int(getattr(sharding, "total_dp_size", 1) or 1)
-    additional["compilation_sizes"] = [ONE_TOKEN * replicas]
-    logger.debug("keras-vllm: CPU token buckets start at one token.")
+    sizes = [ONE_TOKEN * replicas]
+    speculative = getattr(vllm_config, "speculative_config", None)
+    drafts = int(getattr(speculative, "num_speculative_tokens", 0) or 0)
+    if 0 < drafts < SMALLEST_DEFAULT_BUCKET - 1:
+        sizes.append((1 + drafts) * replicas)
+    additional["compilation_sizes"] = sizes
+    logger.debug("keras-vllm: CPU token buckets %s added.", sizes)
     return True

@@ -112,6 +112,10 @@ def register():
 
     # Layers that read each token's prompt length (Phi-3's "su" RoPE).
     prompt_lengths.install()
+    from keras_vllm.serve.worker import speculative_prompt_logprobs
+
+    # Prompt logprobs on an engine that speculates, without stopping it.
+    speculative_prompt_logprobs.install()
     from keras_vllm.serve.worker import state_caches
 
     # Layers with a recurrent state get vLLM state slots, not KV caches.

@@ -25,6 +25,7 @@ from keras_vllm import envs
 from keras_vllm import format as fmt
 from keras_vllm import progress
 from keras_vllm.errors import ServingError
+from keras_vllm.serve import speculation
 
 # vLLM needs room for at least one full sequence; tiny CPU models need far
 # less than vLLM's GPU-oriented defaults.
@@ -127,8 +128,12 @@ _SERVE_OFF_SWITCHES = {
 
 def overrides_from_argv(argv):
     """The `vllm serve` options of `argv` that `check()` judges, as
-    `vllm.LLM` keyword arguments."""
+    `vllm.LLM` keyword arguments (`--speculative-config` and its spellings
+    as `speculative_config`, see `keras_vllm.serve.speculation`)."""
     found = {}
+    speculative = speculation.from_argv(argv)
+    if speculative is not None:
+        found["speculative_config"] = speculative
     for key, names in _SERVE_OPTIONS.items():
         value = option_value(argv, names)
         if value is not None:
@@ -218,6 +223,7 @@ def serving_defaults(artifact, overrides):
         config, kwargs.get("tensor_parallel_size", 1), path
     )
     data_parallel.check_data_parallel(kwargs, path)
+    speculation.check(artifact, kwargs)
     dtype = kwargs.get("dtype")
     if dtype not in (None, "auto") and str(dtype) not in fmt.SUPPORTED_DTYPES:
         raise ServingError(

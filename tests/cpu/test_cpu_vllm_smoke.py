@@ -179,3 +179,9 @@ def test_cpu_engines_get_a_one_token_bucket(monkeypatch):
     config = _Config({})
     assert not buckets.add_one_token_bucket(config)
     assert config.additional_config == {}
+    # Speculating: a lone sequence's verify step (1 + 4 drafts) too.
+    monkeypatch.delenv("MIN_TOKEN_BUCKET")
+    config = _Config({})
+    config.speculative_config = types.SimpleNamespace(num_speculative_tokens=4)
+    assert buckets.add_one_token_bucket(config)
+    assert config.additional_config == {"compilation_sizes": [1, 5]}

@@ -56,6 +56,37 @@ ENGINE_KWARGS = {
 }
 
 
+# Every family's engine drafts with n-gram speculation where its artifact
+# allows it (`keras_vllm/serve/speculation.py`), so every check below also
+# holds with drafts verified several tokens a step, and requests without a
+# drafted continuation decode one token a step as without speculation
+# (`test_greedy_matches_generate` asserts the batch had steps that accepted
+# drafts and steps that rejected them all). No engine more: speculation
+# costs its start a few programs.
+SPECULATIVE = {
+    "speculative_config": {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    },
+    "per_request_spec_decode_metrics": "summary",
+}
+# Refused speculation by what their tested artifacts declare: Qwen 3.5's
+# recurrent-state layers; the tiny Phi-3's "su" RoPE (keys that depend on
+# the step's sequence length, `prefix_caching: false`).
+NOT_SPECULATING = ("phi3", "qwen3_5", "qwen3_5_moe")
+
+
+def check_drafts_verified(outputs):
+    """Both ways a verify step ends ran in a batch served with `SPECULATIVE`:
+    drafts accepted (their KV kept, the bonus token sampled after them) and
+    drafts all rejected (their KV overwritten by later steps)."""
+    steps = [o.outputs[0].spec_decode_metrics.histogram for o in outputs]
+    assert sum(sum(h[1:]) for h in steps) > 0, steps
+    assert sum(h[0] for h in steps) > 0, steps
+
+
 def served_fixture(families):
     """A module fixture: one engine per family, torn down before the next."""
 
@@ -66,6 +97,7 @@ def served_fixture(families):
         engine = serving_checks.start_engine(
             model, tmp_path_factory.mktemp(family) / "artifact",
             **ENGINE_KWARGS.get(family, {}),
+            **({} if family in NOT_SPECULATING else SPECULATIVE),
         )
         yield family, model, engine
         serving_checks.shutdown(engine)
@@ -79,9 +111,28 @@ def _greedy(family):
 
 def test_greedy_matches_generate(served):
     family, model, engine = served
-    serving_checks.check_greedy_matches_generate(
+    outputs = serving_checks.check_greedy_matches_generate(
         engine, model, greedy=_greedy(family)
     )
+    if family not in NOT_SPECULATING:
+        check_drafts_verified(outputs)
+
+
+def test_speculation_is_refused_where_it_would_change_output(served):
+    """n-gram speculation is refused, before vLLM starts, for the artifacts
+    whose layers' writes depend on more than the tokens up to them, and
+    served for the others (`keras_vllm.serve.speculation`)."""
+    from keras_vllm import format as fmt
+    from keras_vllm.errors import ServingError
+    from keras_vllm.serve import speculation
+
+    family, _, engine = served
+    artifact = fmt.open_artifact(engine.path)
+    if family in NOT_SPECULATING:
+        with pytest.raises(ServingError, match="would change what"):
+            speculation.check(artifact, SPECULATIVE)
+    else:
+        speculation.check(artifact, SPECULATIVE)
 
 
 def test_prompt_logprobs_match_forward_pass(served):

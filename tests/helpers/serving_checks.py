@@ -127,7 +127,11 @@ def start_engine(causal_lm, directory, **engine_kwargs):
 def check_greedy_matches_generate(
     engine, causal_lm, greedy=reference.greedy_continuation
 ):
-    """`greedy` computes the expected tokens (default: `generate()`'s)."""
+    """`greedy` computes the expected tokens (default: `generate()`'s).
+
+    Returns:
+        The engine's outputs (vLLM `RequestOutput`s).
+    """
     from vllm import SamplingParams
 
     prompts = serving_prompts()
@@ -146,6 +150,7 @@ def check_greedy_matches_generate(
             mismatches.append((text, want, got))
     assert not mismatches, mismatches
     assert len({tuple(w) for w in expected}) > 2, "outputs ignore the prompt"
+    return outputs
 
 
 def check_prompt_logprobs(engine, causal_lm, atol=1e-4, median_atol=None):

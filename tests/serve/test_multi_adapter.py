@@ -164,6 +164,11 @@ def _serve_and_compare(family_exports, runtime=False, **engine_kwargs):
     ) as engine:
         outputs = engine.generate(prompts, params, adapter=ADAPTERS,
                                   use_tqdm=False)
+        if "speculative_config" in engine_kwargs:
+            from helpers import family_serving
+
+            # Each token verified with its own request's adapter.
+            family_serving.check_drafts_verified(outputs)
         # One adapter for every prompt of a call.
         alone = engine.generate(prompts[:3], params, adapter="legal",
                                 use_tqdm=False)
@@ -214,8 +219,12 @@ def _chat_routes_adapters(engine, params):
 
 
 def test_llama_adapters_and_base_in_one_call(exports):
+    """With n-gram speculation: LoRA adapters speculate exactly."""
     pytest.importorskip("tpu_inference")
-    _serve_and_compare(exports["llama"], runtime=True, max_loras=2)
+    from helpers import family_serving
+
+    _serve_and_compare(exports["llama"], runtime=True, max_loras=2,
+                       **family_serving.SPECULATIVE)
 
 
 # Gemma 4: `gemma4` has no value projection on its K=V global layers (their

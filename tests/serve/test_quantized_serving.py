@@ -36,6 +36,9 @@ CASES = [
     for family in ("llama", "gpt2")
     for mode in quantized_models.MODES
 ] + [("llama", "int8", 2), ("mixtral", "int8", 1)]
+# Llama int8 at TP=2 also drafts with n-gram speculation
+# (`family_serving.SPECULATIVE`): int8, TP=2 and speculation together.
+SPECULATING = ("llama", "int8", 2)
 # Gemma 4 (the `gemma4` fixture: mixed head sizes, K=V global layer, MoE)
 # in int8 with its dense FFN left float (`quantized_models._servable`):
 # attention projections, the router and the per-layer projections int8.
@@ -75,6 +78,7 @@ def served(request, tmp_path_factory):
         model,
         str(tmp_path_factory.mktemp(f"{family}_{mode}_tp{tp}") / "artifact"),
         tensor_parallel_size=tp,
+        **(family_serving.SPECULATIVE if request.param == SPECULATING else {}),
     )
     yield model, engine
     engine.shutdown()
@@ -86,7 +90,11 @@ def test_greedy_matches_quantized_generate(served, request):
     greedy = family_serving.REFERENCE.get(
         family, reference.greedy_continuation
     )
-    serving_checks.check_greedy_matches_generate(engine, model, greedy=greedy)
+    outputs = serving_checks.check_greedy_matches_generate(
+        engine, model, greedy=greedy
+    )
+    if request.node.callspec.params["served"] == SPECULATING:
+        family_serving.check_drafts_verified(outputs)
 
 
 def test_prompt_logprobs_match_quantized_forward_pass(served, request):

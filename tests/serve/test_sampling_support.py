@@ -124,3 +124,42 @@ def test_a_seed_is_refused_unless_the_request_is_greedy(monkeypatch):
     with pytest.raises(VLLMValidationError) as info:
         sampling.check(SamplingParams(temperature=0.7, seed=3))
     assert info.value.parameter == "seed"
+
+
+def test_structured_outputs_are_refused_on_an_engine_that_speculates(
+    monkeypatch,
+):
+    """tpu-inference 0.32 writes one grammar row per request; a verify step
+    has one logits row per drafted token (unrefused, a tiny Llama's regex
+    requests came back off the grammar and one ended in `error`)."""
+    import types
+
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from keras_vllm import format as fmt
+
+    params = SamplingParams(
+        temperature=0.0, structured_outputs=StructuredOutputsParams(regex="a+")
+    )
+    sampling.check(params)
+    with pytest.raises(VLLMValidationError) as info:
+        sampling.check(params, speculative=True)
+    assert info.value.parameter == "structured_outputs"
+    assert "speculative_config" in str(info.value)
+    sampling.check(SamplingParams(temperature=0.0), speculative=True)
+
+    # The installed check reads the engine's config.
+    from vllm.v1.engine.input_processor import InputProcessor
+
+    monkeypatch.setattr(
+        InputProcessor, "_validate_params", lambda self, params, *args: None
+    )
+    sampling.install()
+    processor = _processor(fmt.MODEL_TYPE)
+    processor.vllm_config = types.SimpleNamespace(
+        speculative_config=None, sharding_config=None
+    )
+    InputProcessor._validate_params(processor, params, ())
+    processor.vllm_config.speculative_config = object()
+    with pytest.raises(VLLMValidationError):
+        InputProcessor._validate_params(processor, params, ())

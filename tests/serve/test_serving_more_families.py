@@ -11,6 +11,7 @@ from helpers.family_serving import (  # noqa: E402, F401
     test_golden_outputs_replay_on_the_engine,
     test_greedy_matches_generate,
     test_prompt_logprobs_match_forward_pass,
+    test_speculation_is_refused_where_it_would_change_output,
 )
 
 FAMILIES = family_serving.ALL_FAMILIES[len(family_serving.ALL_FAMILIES) // 2 :]

@@ -2,6 +2,7 @@
 with keras-vllm's one-line message, before vLLM reads any model config and
 without starting an engine."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -131,13 +132,21 @@ SHARED_REFUSALS = [
     ("artifact", {"tensor_parallel_size": 3}),
     ("artifact", {"max_model_len": 1_000_000}),
     ("artifact", {"dtype": "int8"}),
+    # Speculative decoding tpu-inference cannot run with a keras-vllm model.
+    ("artifact", {"speculative_config": {
+        "method": "draft_model", "model": "org/small",
+        "num_speculative_tokens": 4}}),
+    ("artifact", {"speculative_config": {
+        "method": "ngram", "num_speculative_tokens": 4},
+        "data_parallel_size": 2}),
 ]
 
 
 def _flags(settings):
     flags = []
     for key, value in settings.items():
-        flags += ["--" + key.replace("_", "-"), str(value)]
+        value = json.dumps(value) if isinstance(value, dict) else str(value)
+        flags += ["--" + key.replace("_", "-"), value]
     return flags
 
 

@@ -19,7 +19,11 @@ are drawn:
 - structured outputs on a data-parallel engine stop it: tpu-inference's
   `DPScheduler` pickles each new request to its replica's scheduler
   process, and a request's grammar holds a lock (`TypeError: cannot pickle
-  '_thread.RLock' object` kills the engine core).
+  '_thread.RLock' object` kills the engine core);
+- structured outputs on an engine that speculates (`speculative_config`)
+  get masks on the wrong rows: tpu-inference's
+  `StructuredDecodingManager` writes one grammar row per request, indexed
+  by request, where a verify step has one logits row per drafted token.
 
 So a request to an engine serving a keras-vllm artifact that sets one of
 them is refused before it reaches the engine, with a
@@ -63,7 +67,7 @@ def _is_set(value, neutral):
     return value is not None and value != neutral
 
 
-def check(params, greedy=None, replicas=1):
+def check(params, greedy=None, replicas=1, speculative=False):
     """Raises for a field of `params` the TPU backend would not apply.
 
     Args:
@@ -71,6 +75,7 @@ def check(params, greedy=None, replicas=1):
         greedy: whether the request is greedy; read from `params` when
             None. `min_p` never changes a greedy pick, so it passes then.
         replicas: the engine's data-parallel replicas.
+        speculative: whether the engine drafts tokens (`speculative_config`).
 
     Raises:
         vllm.exceptions.VLLMValidationError: names the first such field.
@@ -96,6 +101,16 @@ def check(params, greedy=None, replicas=1):
             "0.32's data-parallel scheduler cannot hand the request's grammar "
             "to a replica, and the engine would stop). Serve structured "
             "outputs from an engine with data_parallel_size=1.",
+            parameter="structured_outputs",
+        )
+    if speculative and getattr(params, "structured_outputs", None) is not None:
+        raise VLLMValidationError(
+            "structured_outputs is not supported on an engine that "
+            "speculates (speculative_config) by vLLM's TPU backend "
+            "(tpu-inference 0.32 applies one grammar mask per request, where "
+            "a step that verifies drafted tokens needs one per token: the "
+            "masks would land on the wrong rows). Serve structured outputs "
+            "from an engine without speculative_config.",
             parameter="structured_outputs",
         )
     if params.seed is not None and not greedy:
@@ -151,7 +166,12 @@ def install():
                 self.model_config
             ):
                 config = getattr(self, "vllm_config", None)
-                check(params, replicas=_replicas(config))
+                check(
+                    params,
+                    replicas=_replicas(config),
+                    speculative=getattr(config, "speculative_config", None)
+                    is not None,
+                )
             return result
 
         return _validate_params

@@ -1,0 +1,255 @@
+"""Which speculative decoding an artifact can be served with.
+
+vLLM takes speculative decoding as `speculative_config` (`vllm.LLM`,
+`KerasVllmEngine.from_export`) or `--speculative-config JSON` (also `-sc`,
+`--speculative-config.KEY VALUE`, `--spec-method`, `--spec-model`,
+`--spec-tokens`) on `vllm serve` and `keras-vllm serve`. tpu-inference 0.32
+drafts with n-gram prompt lookup, EAGLE-3, MTP or DFlash; of these only
+n-gram is model-agnostic. keras-vllm serves that one: the engine's target
+model verifies the drafts in one step, and with greedy sampling the output
+is the model's own, token for token (drafts only change how many tokens a
+step yields).
+
+`check()` refuses, before vLLM starts, what would not run or would change
+the output:
+
+- other methods, by name: a separate draft model (`draft_model`), which
+  tpu-inference 0.32 does not run; EAGLE/EAGLE-3 and DFlash heads, which
+  are tpu-inference's own flax drafters fed with auxiliary hidden states of
+  its own model classes (a keras-vllm model returns none); MTP, which is a
+  model's own multi-token-prediction layers (tpu-inference's `gemma4_mtp`
+  for Gemma 4's assistant: keras-vllm exports no drafter yet); and the
+  methods tpu-inference does not run at all (`medusa`, `mlp_speculator`,
+  `suffix`, `ngram_gpu`, `custom_class`, ...);
+- n-gram on an artifact whose layers write, for a token, something that
+  depends on more than the tokens up to it. A verify step runs the drafted
+  tokens through the model, and rejected drafts are only harmless where
+  what they wrote is never read: a recurrent state (the artifact's
+  `recurrent_state_layers`: Gated DeltaNet) absorbs every token of the step
+  and tpu-inference keeps no per-draft copy to roll back to; keys rotated
+  with factors chosen by the step's sequence length (Phi-3's "su" RoPE,
+  the artifact's `prefix_caching: false`) change when the step also holds
+  drafts. Both keyed on what the artifact declares, not on its family;
+- n-gram on an artifact that serves images: in a step that carries an
+  image, placeholder tokens attend to their run both ways, and a run of
+  drafted placeholder tokens would too;
+- n-gram on a data-parallel engine (untested with keras-vllm models).
+
+Per request (`keras_vllm.serve.frontend.sampling`): structured outputs on a
+speculating engine are refused (tpu-inference 0.32 applies one grammar row
+per request, where speculation needs one per drafted token).
+"""
+
+import json
+
+from keras_vllm import format as fmt
+from keras_vllm.errors import ServingError
+
+# The methods keras-vllm serves (tpu-inference's runner runs them and they
+# need nothing from the model but its logits).
+SERVED_METHODS = ("ngram",)
+
+EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4}'
+
+_NOT_RUN = (
+    "vLLM's TPU backend (tpu-inference 0.32) drafts with ngram, eagle3, "
+    "mtp or dflash only"
+)
+# Why each method vLLM knows cannot serve a keras-vllm artifact.
+_WHY_NOT = {
+    "draft_model": (
+        "a separate draft model is not run by vLLM's TPU backend "
+        "(tpu-inference 0.32 drafts with ngram, eagle3, mtp or dflash only)"
+    ),
+    "eagle": (
+        "EAGLE heads are tpu-inference's own flax drafters, fed with "
+        "auxiliary hidden states that only its own model classes return (a "
+        "keras-vllm model returns none)"
+    ),
+    "mtp": (
+        "MTP drafts with a model's own multi-token-prediction layers, which "
+        "tpu-inference runs for its own model classes only (Gemma 4's "
+        "assistant, `Gemma4AssistantCausalLM`, is not exported by "
+        "keras-vllm yet)"
+    ),
+}
+_WHY_NOT["eagle3"] = _WHY_NOT["dflash"] = _WHY_NOT["dspark"] = _WHY_NOT["eagle"]
+_WHY_NOT["extract_hidden_states"] = _WHY_NOT["eagle"]
+
+
+def method_of(config):
+    """The method vLLM reads from a speculative config (its own inference
+    when `method` is absent: `SpeculativeConfig.__post_init__`, 0.32)."""
+    method, model = config.get("method"), config.get("model")
+    if method is None:
+        if model in ("ngram", "[ngram]"):
+            return "ngram"
+        if isinstance(model, str) and "/" not in model and "." in model and all(
+            part.isidentifier() for part in model.split(".")
+        ):
+            return "custom_class"
+        return None if model is None else "draft_model"
+    method = str(method)
+    if method == "[ngram]":
+        return "ngram"
+    if method.endswith("_mtp"):
+        return "mtp"
+    return method
+
+
+def check(artifact, kwargs):
+    """Refuses a `speculative_config` the artifact cannot be served with.
+
+    Args:
+        artifact: the opened `keras_vllm.format.Artifact`.
+        kwargs: the `vllm.LLM` keyword arguments, the caller's included
+            (`speculative_config`, `data_parallel_size`, ...).
+
+    Raises:
+        ServingError: naming the method or the artifact's layers, and what
+            would work.
+
+    Example:
+
+    ```python
+    check(artifact, {"speculative_config": {"method": "ngram",
+                                            "num_speculative_tokens": 4}})
+    ```
+    """
+    config = kwargs.get("speculative_config")
+    if config is None:
+        return
+    path = artifact.path
+    if not isinstance(config, dict):
+        raise ServingError(
+            f"speculative_config={config!r} cannot serve '{path}': it is a "
+            f"dict (JSON on the command line), e.g. {EXAMPLE}."
+        )
+    method = method_of(config)
+    if method is None:
+        raise ServingError(
+            f"speculative_config={config!r} names no method. keras-vllm "
+            f"serves n-gram speculation: {EXAMPLE}."
+        )
+    if method not in SERVED_METHODS:
+        why = _WHY_NOT.get(method, f"'{method}' is not one of them: {_NOT_RUN}")
+        raise ServingError(
+            f"Speculative decoding method '{method}' cannot serve '{path}': "
+            f"{why}. keras-vllm serves n-gram (prompt lookup) speculation "
+            f"with every artifact whose layers allow it: {EXAMPLE}, or serve "
+            "without speculative_config."
+        )
+    tokens = config.get("num_speculative_tokens")
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+        raise ServingError(
+            f"speculative_config needs 'num_speculative_tokens', the tokens "
+            f"drafted per step (a positive integer), e.g. {EXAMPLE}."
+        )
+    _check_layers(artifact)
+    # Validated by `load.data_parallel.check_data_parallel` already.
+    replicas = int(kwargs.get("data_parallel_size") or 1)
+    if replicas > 1:
+        raise ServingError(
+            f"n-gram speculation cannot serve '{path}' with "
+            f"data_parallel_size={replicas}: keras-vllm has not verified "
+            "tpu-inference 0.32's drafting across data-parallel replicas. "
+            "Serve it speculating with data_parallel_size=1, or data-parallel "
+            "without speculative_config."
+        )
+
+
+def _check_layers(artifact):
+    config = artifact.read_json(fmt.CONFIG_FILE)
+    state = config.get("recurrent_state_layers")
+    why = None
+    if "image" in fmt.served_modalities(artifact.manifest):
+        why = (
+            "it serves images, and in a step that carries an image every "
+            "run of image placeholder tokens attends to itself both ways, "
+            "drafted placeholders too (`serve/worker/image_model.py`). Its "
+            "text decoder alone speculates exactly: re-export it without "
+            "an image converter to serve text only"
+        )
+    elif state:
+        why = (
+            f"its layers {list(state)} keep a recurrent state (linear "
+            "attention) that every token of a step rewrites, rejected draft "
+            "tokens included, and vLLM's TPU backend keeps no per-draft "
+            "copy of it to roll back to"
+        )
+    elif not fmt.prefix_caching(artifact.manifest):
+        why = (
+            "its attention keys depend on the sequence's length at the step "
+            "that writes them (a rotary embedding whose factors follow the "
+            "sequence length), and a verify step also holds the drafted "
+            "tokens"
+        )
+    if why is not None:
+        raise ServingError(
+            f"n-gram speculation would change what '{artifact.path}' "
+            f"generates: {why}. Serve it without speculative_config."
+        )
+
+
+def from_argv(argv):
+    """The speculative config a `vllm serve` command line gives, or None.
+
+    Reads `--speculative-config JSON` (`-sc`, `=JSON`; the last one wins),
+    `--speculative-config.KEY VALUE` and `--spec-method`, `--spec-model`,
+    `--spec-tokens`, as vLLM's parser merges them.
+
+    Raises:
+        ServingError: `--speculative-config` is not a JSON object.
+    """
+    config = None
+    names = ("--speculative-config", "-sc")
+    for i, arg in enumerate(argv):
+        name, _, inline = arg.partition("=")
+        value = inline if "=" in arg else (
+            argv[i + 1] if i + 1 < len(argv) else None
+        )
+        if name in names and value is not None:
+            config = _json_object(value)
+        elif name.partition(".")[0] in names and "." in name and value:
+            config = dict(config or {})
+            config[name.partition(".")[2].replace("-", "_")] = _scalar(value)
+    for flag, key in (
+        ("--spec-method", "method"),
+        ("--spec-model", "model"),
+        ("--spec-tokens", "num_speculative_tokens"),
+    ):
+        value = _option(argv, flag)
+        if value is not None:
+            config = dict(config or {})
+            config[key] = _scalar(value) if key != "model" else value
+    return config
+
+
+def _option(argv, flag):
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _scalar(text):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _json_object(text):
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ServingError(
+            f"--speculative-config {text!r} is not a JSON object; use e.g. "
+            f"--speculative-config '{EXAMPLE}'."
+        )
+    return {k.replace("-", "_"): v for k, v in value.items()}

@@ -1,0 +1,174 @@
+"""Which speculative decoding an artifact is served with
+(`keras_vllm/serve/speculation.py`), without an engine (well under a
+second). Engines that speculate: every family's serving engine
+(`helpers/family_serving.py`); the same refusal from every entry point:
+`test_vllm_serve_refusals.py`."""
+
+import json
+import types
+
+import pytest
+
+from keras_vllm.errors import ServingError
+from keras_vllm.serve import preflight
+from keras_vllm.serve import speculation
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4}
+
+
+def _artifact(config=None, manifest=None):
+    """What `check` reads of an opened artifact."""
+    config = {"num_hidden_layers": 4, **(config or {})}
+    return types.SimpleNamespace(
+        path="/exports/tuned",
+        manifest=manifest or {},
+        read_json=lambda name: config,
+    )
+
+
+def test_ngram_is_served_and_no_config_is_no_check():
+    speculation.check(_artifact(), {"speculative_config": NGRAM})
+    speculation.check(_artifact(), {"speculative_config": dict(NGRAM, prompt_lookup_max=3)})
+    speculation.check(_artifact(), {})
+    # vLLM's own spellings of n-gram.
+    speculation.check(_artifact(), {"speculative_config": {
+        "model": "[ngram]", "num_speculative_tokens": 2}})
+
+
+@pytest.mark.parametrize("config, says", [
+    ({"method": "draft_model", "model": "org/small", "num_speculative_tokens": 4},
+     "separate draft model is not run"),
+    # No method and a model: vLLM reads a separate draft model.
+    ({"model": "exports/small", "num_speculative_tokens": 4},
+     "'draft_model'"),
+    ({"method": "eagle3", "model": "org/eagle", "num_speculative_tokens": 3},
+     "auxiliary hidden states"),
+    ({"method": "dflash", "model": "org/dflash", "num_speculative_tokens": 3},
+     "auxiliary hidden states"),
+    ({"method": "mtp", "num_speculative_tokens": 1}, "Gemma4AssistantCausalLM"),
+    ({"method": "gemma4_mtp", "num_speculative_tokens": 1}, "'mtp'"),
+    ({"method": "suffix", "num_speculative_tokens": 4}, "'suffix' is not one"),
+    ({"model": "my_pkg.MyProposer", "num_speculative_tokens": 4},
+     "'custom_class'"),
+])
+def test_methods_the_backend_cannot_run_are_refused_by_name(config, says):
+    with pytest.raises(ServingError) as info:
+        speculation.check(_artifact(), {"speculative_config": config})
+    message = str(info.value)
+    assert says in message
+    assert "/exports/tuned" in message
+    assert '"method": "ngram"' in message  # what works
+
+
+@pytest.mark.parametrize("config, says", [
+    ({"num_speculative_tokens": 4}, "names no method"),
+    ({"method": "ngram"}, "'num_speculative_tokens'"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "positive integer"),
+    ('{"method": "ngram"}', "it is a dict"),
+])
+def test_incomplete_configs_are_refused(config, says):
+    with pytest.raises(ServingError, match=says):
+        speculation.check(_artifact(), {"speculative_config": config})
+
+
+def test_layers_whose_writes_depend_on_more_than_their_tokens_are_refused():
+    state = _artifact({
+        "recurrent_state_layers": [0, 1, 2],
+        "recurrent_state_shapes": [[3, 8], [2, 4, 4]],
+        "recurrent_state_dtypes": ["float32", "float32"],
+    }, {"prefix_caching": False})
+    with pytest.raises(ServingError) as info:
+        speculation.check(state, {"speculative_config": NGRAM})
+    assert "layers [0, 1, 2] keep a recurrent state" in str(info.value)
+    assert "without speculative_config" in str(info.value)
+    length_keyed = _artifact(manifest={"prefix_caching": False})
+    with pytest.raises(ServingError, match="sequence's length"):
+        speculation.check(length_keyed, {"speculative_config": NGRAM})
+    # Without speculation both serve as before.
+    speculation.check(state, {})
+
+
+def test_data_parallel_speculation_is_refused():
+    with pytest.raises(ServingError, match="data_parallel_size=2"):
+        speculation.check(
+            _artifact(), {"speculative_config": NGRAM, "data_parallel_size": 2}
+        )
+    speculation.check(
+        _artifact(), {"speculative_config": NGRAM, "data_parallel_size": 1}
+    )
+
+
+@pytest.mark.parametrize("argv, config", [
+    (["--speculative-config", json.dumps(NGRAM)], NGRAM),
+    (["-sc", json.dumps(NGRAM)], NGRAM),
+    (["--speculative-config=" + json.dumps(NGRAM)], NGRAM),
+    (["--speculative-config.method", "ngram",
+      "--speculative-config.num_speculative_tokens", "4"], NGRAM),
+    (["--speculative-config.method=ngram", "--spec-tokens", "4"], NGRAM),
+    (["--spec-method", "draft_model", "--spec-model", "org/small",
+      "--spec-tokens=3"],
+     {"method": "draft_model", "model": "org/small",
+      "num_speculative_tokens": 3}),
+    (["--speculative-config", '{"method": "eagle3"}',
+      "--speculative-config", json.dumps(NGRAM)], NGRAM),  # the last wins
+    (["--port", "8000", "--max-model-len", "128"], None),
+])
+def test_every_spelling_of_the_command_line_is_read(argv, config):
+    assert speculation.from_argv(["vllm", "serve", "/a", *argv]) == config
+    overrides = preflight.overrides_from_argv(argv)
+    assert overrides.get("speculative_config") == config
+
+
+def test_a_speculative_config_that_is_not_json_is_refused():
+    with pytest.raises(ServingError, match="not a JSON object"):
+        speculation.from_argv(["--speculative-config", "ngram"])
+
+
+def test_prompt_logprobs_steps_run_on_a_speculating_runner(monkeypatch):
+    """`serve/worker/speculative_prompt_logprobs.py` on a stand-in for
+    tpu-inference's runner, which refuses a step with prompt logprobs while
+    its `speculative_config` is set (engines: the family modules' prompt
+    logprobs checks)."""
+    from keras_vllm import format as fmt
+    from keras_vllm.serve.worker import speculative_prompt_logprobs as fix
+
+    config = object()
+
+    class Runner:
+        def __init__(self, model_type):
+            self.model_config = types.SimpleNamespace(
+                hf_config=types.SimpleNamespace(model_type=model_type)
+            )
+            self.speculative_config = config
+            self.input_batch = types.SimpleNamespace(num_prompt_logprobs={})
+            self.seen = []
+
+        def _prepare_inputs(self):
+            self.seen.append(("prepare", self.speculative_config))
+
+        def _execute_model(self):
+            self._prepare_inputs()
+            if self.speculative_config and self.input_batch.num_prompt_logprobs:
+                raise ValueError("prompt_logprobs is not supported")
+            return "ran"
+
+    Runner._prepare_inputs = fix._prepared(Runner._prepare_inputs)
+    Runner._execute_model = fix._step(Runner._execute_model)
+    ours, theirs = Runner(fmt.MODEL_TYPE), Runner("llama")
+    for runner in (ours, theirs):
+        assert runner._execute_model() == "ran"
+        runner.input_batch.num_prompt_logprobs["req-1"] = 0
+    assert ours._execute_model() == "ran"
+    # The drafts were laid out with the config, which is back after the step.
+    assert ours.seen[-1] == ("prepare", config)
+    assert ours.speculative_config is config
+    with pytest.raises(ValueError):
+        theirs._execute_model()
+    assert theirs.speculative_config is config
+
+
+def test_artifacts_that_serve_images_are_refused():
+    images = _artifact(manifest={"modalities": {"served": ["text", "image"]}})
+    with pytest.raises(ServingError, match="serves images"):
+        speculation.check(images, {"speculative_config": NGRAM})
+    speculation.check(images, {})
