@@ -1,0 +1,125 @@
+"""Gemma 3n: the KV cache facts its paged attention gives vLLM, and what
+keras-vllm fixes in KerasHub's model (`layers/gemma3n_fixes.py`).
+
+Unit level (no engine), on one untrained tiny model (about 30 s to build
+here). The served path (greedy tokens, prompt logprobs, default sampling,
+golden outputs, the caches vLLM allocates) is checked by the family
+serving tests.
+"""
+
+import numpy as np
+import pytest
+
+from keras_vllm import testing
+from keras_vllm.export.kv_layout import kv_layout
+from keras_vllm.layers import swap
+
+
+@pytest.fixture(scope="module")
+def causal_lm():
+    return testing.build_tiny_causal_lm("gemma3n")
+
+
+def _inputs(causal_lm):
+    """The first 8 corpus tokens, the shape `build_tiny_causal_lm` calls the
+    model on (its eager op compilations are reused)."""
+    x, _, _ = testing.tokenize_corpus(causal_lm.preprocessor.tokenizer)
+    return {key: value[:1, :8] for key, value in x.items()}
+
+
+def test_attention_layers_in_decoder_order_and_their_caches(causal_lm):
+    """The decoder is nested in the backbone: its layers are found in its
+    own order (vLLM's `layer.{i}`), the last two read the cache of the
+    last earlier layer of their kind, and sliding-window layers keep
+    KerasHub's `q - k < sliding_window`."""
+    backbone = causal_lm.backbone
+    layers = swap.find_attention_layers(backbone)
+    assert [layer.path for layer in layers] == [
+        f"text_model/decoder_block_{i}/attention" for i in range(6)
+    ]
+    specs = swap.kv_cache_specs(backbone)
+    assert [s.sliding_window for s in specs] == [16, 16, None] * 2
+    assert [s.shares_cache for s in specs] == [False] * 4 + [True] * 2
+    assert {(s.num_query_heads, s.num_kv_heads, s.head_dim) for s in specs} \
+        == {(4, 2, 16)}
+    fields = kv_layout(backbone)
+    assert fields["layer_types"] == [
+        "sliding_attention", "sliding_attention", "full_attention"
+    ] * 2
+    assert fields["sliding_window"] == 16
+    assert fields["num_kv_shared_layers"] == 2
+
+
+def test_backbone_reads_as_a_text_decoder_with_a_live_head(causal_lm):
+    """`hidden_dim`, `vocabulary_size` and a reversible `token_embedding`
+    over the nested text model; and the `CausalLM`'s logits read the tied
+    table at each call (KerasHub's functional graph froze it at
+    construction, while `generate()` reads it live)."""
+    backbone = causal_lm.backbone
+    vocab = causal_lm.preprocessor.tokenizer.vocabulary_size()
+    assert (backbone.hidden_dim, backbone.vocabulary_size) == (64, vocab)
+    embedding = backbone.token_embedding
+    table = backbone.language_model.embed_tokens.embedding.embeddings
+    assert embedding.embeddings is table
+    inputs = _inputs(causal_lm)
+    hidden = backbone(inputs)
+    before = np.asarray(causal_lm(inputs))
+    np.testing.assert_allclose(
+        np.asarray(embedding(hidden, reverse=True)), before, atol=1e-5
+    )
+    # Soft-capped at the backbone's 30.
+    assert np.abs(np.asarray(embedding(hidden * 1e3, reverse=True))).max() \
+        <= 30.0
+    # Rows of ids the inputs do not hold change the logits only.
+    unused = np.setdiff1d(np.arange(vocab), inputs["token_ids"])
+    original = np.asarray(table.value)
+    try:
+        table.assign(_with_rows_zeroed(original, unused))
+        after = np.asarray(causal_lm(inputs))
+        assert np.abs(after - before).max() > 0.1
+        np.testing.assert_allclose(
+            after, np.asarray(embedding(hidden, reverse=True)), atol=1e-5
+        )
+    finally:
+        table.assign(original)
+    # The head owns no variable: the model's are the backbone's, once.
+    assert len(causal_lm.weights) == len(backbone.weights)
+
+
+def _with_rows_zeroed(table, rows):
+    table = table.copy()
+    table[rows] = 0.0
+    return table
+
+
+def test_enable_lora_adapts_the_query_and_value_projections():
+    """KerasHub's default LoRA targets (`query_dense`, `value_dense`, ...)
+    name no Gemma 3n layer; the backbone names its `q_proj` and `v_proj`."""
+    config = testing.backbone_config("gemma3n", vocabulary_size=64)
+    backbone = testing.backbone_class("gemma3n")(**config)
+    assert backbone.default_lora_layer_names() == ["q_proj", "v_proj"]
+    backbone.enable_lora(2)
+    adapted = [
+        layer.path for layer in backbone._flatten_layers(include_self=False)
+        if getattr(layer, "lora_enabled", False)
+    ]
+    assert sorted(adapted) == sorted(
+        f"text_model/decoder_block_{i}/attention/{name}"
+        for i in range(6) for name in ("q_proj", "v_proj")
+    )
+
+
+def test_text_decoder_drops_the_encoders_only():
+    config = testing.backbone_config("gemma3n", vocabulary_size=64)
+    assert swap.text_decoder_config(
+        config, testing.backbone_class("gemma3n")
+    ) is None
+    with_encoders = dict(
+        config, vision_encoder_config={"a": 1}, audio_encoder_config={"b": 2}
+    )
+    decoder = swap.text_decoder_config(
+        with_encoders, testing.backbone_class("gemma3n")
+    )
+    assert decoder == dict(
+        config, vision_encoder_config=None, audio_encoder_config=None
+    )
