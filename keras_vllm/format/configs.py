@@ -131,10 +131,13 @@ def check_config_values(value, where, depth=0):
     elif isinstance(value, bool) or value is None:
         return
     elif isinstance(value, int):
-        if not -1 <= value <= MAX_CONFIG_INT:
+        # Negative values are list indices (MobileNetV5's `msfa_indices`
+        # `[-2, -1]`, in every Gemma 3n vision encoder) or -1 for "none";
+        # sizes are checked to be positive on their own (`_dims`).
+        if not -MAX_CONFIG_INT <= value <= MAX_CONFIG_INT:
             fail(
                 f"Invalid manifest: '{where}' is {value}, outside "
-                f"[-1, {MAX_CONFIG_INT}]."
+                f"[-{MAX_CONFIG_INT}, {MAX_CONFIG_INT}]."
             )
     elif isinstance(value, float):
         if not math.isfinite(value) or abs(value) > 1e12:

@@ -123,3 +123,46 @@ def test_text_decoder_drops_the_encoders_only():
     assert decoder == dict(
         config, vision_encoder_config=None, audio_encoder_config=None
     )
+
+
+def test_encoder_model_exports_whole_and_serves_its_text_decoder(
+    causal_lm, tmp_path
+):
+    """With a vision and an audio encoder (every preset), the model exports
+    whole, its artifact says it serves text only, and the decoder the
+    engine builds (`load/text_decoder.py::served_backbone`) holds the whole
+    backbone's arrays and computes its logits on a text prompt."""
+    from helpers.gemma3n_encoders import ForwardWithoutEncoders
+    from helpers.gemma3n_encoders import with_encoders
+
+    from keras_vllm import format as fmt
+    from keras_vllm.load.text_decoder import served_backbone
+
+    model = with_encoders(causal_lm)
+    path = model.export_vllm(tmp_path / "artifact", golden_prompts=())
+    artifact = fmt.open_artifact(path)
+    # What the engine checks before it starts (the vision encoder's config
+    # holds negative list indices).
+    artifact.validate()
+    manifest = artifact.manifest
+    assert manifest["servable"] is True
+    assert manifest["modalities"] == {
+        "served": ["text"],
+        "unserved_inputs": ["images", "input_features", "input_features_mask"],
+    }
+    decoder = served_backbone(model.backbone, manifest)
+    assert decoder.vision_encoder is None and decoder.audio_encoder is None
+    assert sorted(t.name.split(":")[0] for t in decoder.inputs) == [
+        "padding_mask", "token_ids"
+    ]
+    table = decoder.language_model.embed_tokens.embedding.embeddings
+    assert table.value is (
+        model.backbone.language_model.embed_tokens.embedding.embeddings.value
+    )
+    inputs = _inputs(causal_lm)
+    served = decoder.token_embedding(decoder(inputs), reverse=True)
+    np.testing.assert_allclose(
+        np.asarray(served),
+        np.asarray(ForwardWithoutEncoders(model)(inputs)),
+        atol=1e-5,
+    )
