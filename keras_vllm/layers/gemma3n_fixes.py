@@ -14,6 +14,16 @@
   `hidden_dim`, `vocabulary_size` and a reversible `token_embedding`. They
   are added as properties over its text model (`text_hidden_size`,
   `text_vocab_size`, `Gemma3nTokenEmbedding`).
+- `Gemma3nTextModel` keeps its decoder blocks and AltUp projections in
+  list attributes, which Keras turns into its `TrackedList`; flax NNX
+  (`KERAS_NNX_ENABLED=true`) does not traverse that type, so a model split
+  and merged by NNX (tpu-inference's jitted step) still calls the original
+  layers and reads their weights as constants baked into the compiled
+  program (measured: 128 of the tiny model's 155 weights): weight updates
+  and per-token LoRA slots never reach the step, and every weight is
+  stored again in the program. The replacement constructor rebinds those
+  attributes as plain lists, which NNX traverses and Keras saves the same
+  way (the weight files' layout is unchanged).
 - `Gemma3nBackbone.enable_lora(rank)` LoRA-fies the layers named by
   `default_lora_layer_names()`, Keras' `query_dense` / `value_dense` /
   `query` / `value`; Gemma 3n's projections are `q_proj` / `v_proj`, so it
@@ -27,6 +37,7 @@ variable).
 """
 
 import functools
+import inspect
 
 from keras_vllm import patching
 
@@ -78,6 +89,25 @@ def _lora_layer_names(original):
     return default_lora_layer_names
 
 
+# `Gemma3nTextModel`'s list attributes of layers (see the docstring).
+LAYER_LISTS = (
+    "transformer_layers", "altup_projections", "altup_unembed_projections",
+)
+
+
+def _lists_nnx_traverses(original):
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        for name in LAYER_LISTS:
+            # Past Keras' `__setattr__`, which would wrap the list again.
+            object.__setattr__(self, name, list(getattr(self, name)))
+
+    # Keras reads a layer's constructor arguments from this signature.
+    __init__.__signature__ = inspect.signature(original)
+    return __init__
+
+
 def install(module):
     """Fixes the Gemma 3n classes of keras-hub's `module` (once).
 
@@ -85,9 +115,9 @@ def install(module):
         module: the imported `keras_hub.src.models.gemma3n.gemma3n_backbone`.
     """
     backbone = module.Gemma3nBackbone
-    patching.replace(
-        module.Gemma3nTextModel, "token_embedding", _live_output_head
-    )
+    text_model = module.Gemma3nTextModel
+    patching.replace(text_model, "token_embedding", _live_output_head)
+    patching.replace(text_model, "__init__", _lists_nnx_traverses)
     patching.add(backbone, "hidden_dim", _Property(_hidden_dim))
     patching.add(backbone, "vocabulary_size", _Property(_vocabulary_size))
     patching.replace(

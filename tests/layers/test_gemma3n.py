@@ -1,8 +1,9 @@
 """Gemma 3n: the KV cache facts its paged attention gives vLLM, and what
 keras-vllm fixes in KerasHub's model (`layers/gemma3n_fixes.py`).
 
-Unit level (no engine), on one untrained tiny model (about 30 s to build
-here). The served path (greedy tokens, prompt logprobs, default sampling,
+Unit level (no engine), on one untrained tiny model (30-60 s to build on
+the shared 2-core host; the tests then take about 60 s, most of it the
+export and forward passes of the model with encoders). The served path (greedy tokens, prompt logprobs, default sampling,
 golden outputs, the caches vLLM allocates) is checked by the family
 serving tests.
 """
@@ -166,3 +167,32 @@ def test_encoder_model_exports_whole_and_serves_its_text_decoder(
         np.asarray(ForwardWithoutEncoders(model)(inputs)),
         atol=1e-5,
     )
+
+
+def test_an_nnx_step_takes_every_weight_as_an_argument(causal_lm):
+    """tpu-inference splits the served model with flax NNX and merges it
+    inside its jitted step: every weight must reach the step as an
+    argument. KerasHub keeps Gemma 3n's decoder blocks in a Keras
+    `TrackedList`, which NNX does not traverse, so their weights were baked
+    into the program as constants (LoRA slots and weight updates never
+    reached it); `gemma3n_fixes` rebinds those lists."""
+    import jax
+    from flax import nnx
+
+    class Holder(nnx.Module):
+        def __init__(self, backbone):
+            self.backbone = backbone
+
+    graph, state = nnx.split(Holder(causal_lm.backbone))
+    structure = jax.tree_util.tree_structure(state)
+    leaves = jax.tree_util.tree_leaves(state)
+    inputs = _inputs(causal_lm)
+
+    def step(leaves):
+        merged = nnx.merge(graph, jax.tree_util.tree_unflatten(structure, leaves))
+        return merged.backbone(inputs)
+
+    program = jax.make_jaxpr(step)(leaves)
+    weights = [c for c in program.consts if np.size(c) > 16]
+    assert weights == []
+    assert len(leaves) == len(causal_lm.backbone.weights)
