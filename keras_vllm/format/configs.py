@@ -37,7 +37,20 @@ _DIMENSION_KEYS = (
     "shared_expert_intermediate_dim",
     "sliding_window",
     "sliding_window_size",
+    "text_vocab_size",
+    "text_hidden_size",
+    "num_hidden_layers",
+    "vocab_size_per_layer_input",
+    "hidden_size_per_layer_input",
 )
+# Other keras-hub spellings of the sizes the checks read: a backbone whose
+# text decoder is nested in it (Gemma 3n's `language_model`) keeps them
+# under its text model's names.
+_SIZE_SYNONYMS = {
+    "vocabulary_size": ("vocabulary_size", "text_vocab_size"),
+    "hidden_dim": ("hidden_dim", "text_hidden_size"),
+    "num_layers": ("num_layers", "num_hidden_layers"),
+}
 # A window size is unused while its family's flag turns the window off;
 # transformers then writes 0 (Qwen2-MoE), which keras-hub's converter keeps.
 _WINDOW_KEYS = ("sliding_window", "sliding_window_size")
@@ -118,10 +131,13 @@ def check_config_values(value, where, depth=0):
     elif isinstance(value, bool) or value is None:
         return
     elif isinstance(value, int):
-        if not -1 <= value <= MAX_CONFIG_INT:
+        # Negative values are list indices (MobileNetV5's `msfa_indices`
+        # `[-2, -1]`, in every Gemma 3n vision encoder) or -1 for "none";
+        # sizes are checked to be positive on their own (`_dims`).
+        if not -MAX_CONFIG_INT <= value <= MAX_CONFIG_INT:
             fail(
                 f"Invalid manifest: '{where}' is {value}, outside "
-                f"[-1, {MAX_CONFIG_INT}]."
+                f"[-{MAX_CONFIG_INT}, {MAX_CONFIG_INT}]."
             )
     elif isinstance(value, float):
         if not math.isfinite(value) or abs(value) > 1e12:
@@ -173,6 +189,21 @@ def max_parameters():
         raise ArtifactError(str(e)) from None
 
 
+def size(config, name):
+    """A backbone config's `vocabulary_size`, `hidden_dim` or `num_layers`,
+    under whichever keras-hub spelling it has (None when absent).
+
+    Example:
+
+    >>> size({"text_vocab_size": 262400}, "vocabulary_size")
+    262400
+    """
+    for key in _SIZE_SYNONYMS[name]:
+        if config.get(key) is not None:
+            return config[key]
+    return None
+
+
 def _dims(config):
     for key in _DIMENSION_KEYS:
         if key not in config or config[key] is None:
@@ -186,7 +217,11 @@ def _dims(config):
                 f"Invalid manifest: 'backbone.config.{key}' is {value!r}; "
                 "sizes must be positive integers."
             )
-    return {k: config[k] for k in _DIMENSION_KEYS if config.get(k) is not None}
+    dims = {k: config[k] for k in _DIMENSION_KEYS if config.get(k) is not None}
+    for name in _SIZE_SYNONYMS:
+        if size(config, name) is not None:
+            dims[name] = size(config, name)
+    return dims
 
 
 def _window_off(config):
@@ -215,7 +250,15 @@ def estimate_parameters(config):
     per_layer = attention + 3 * hidden * intermediate + hidden * experts
     positions = d.get("max_sequence_length", 0) * hidden
     norms = (4 * layers + 1) * hidden
-    return 2 * vocab * hidden + positions + layers * per_layer + norms
+    # Per-layer input embeddings (Gemma 3n): a table of a slice per layer.
+    per_layer_inputs = (
+        d.get("vocab_size_per_layer_input", 0)
+        * d.get("hidden_size_per_layer_input", 0) * layers
+    )
+    return (
+        2 * vocab * hidden + positions + layers * per_layer + norms
+        + per_layer_inputs
+    )
 
 
 def check_parameter_count(manifest):

@@ -279,7 +279,7 @@ def validate_artifact(artifact):
     weight_tree.check_config_against_weights(
         manifest, configs.estimate_parameters(manifest["backbone"]["config"])
     )
-    vocab = manifest["backbone"]["config"].get("vocabulary_size")
+    vocab = configs.size(manifest["backbone"]["config"], "vocabulary_size")
     if not is_int(vocab) or vocab <= 0:
         fail(
             "Invalid manifest: 'backbone.config.vocabulary_size' must be a "

@@ -12,6 +12,7 @@ model).
 import warnings
 
 from keras_vllm.format.checks import check_id_list
+from keras_vllm.format.configs import size
 from keras_vllm.format.checks import check_token_id
 from keras_vllm.format.checks import fail
 from keras_vllm.format.checks import is_int
@@ -232,9 +233,9 @@ def check_vllm_config(config, manifest, vocab):
         None,
     )
     pairs = [
-        ("hidden_size", backbone.get("hidden_dim"), "backbone hidden_dim"),
-        ("vocab_size", backbone.get("vocabulary_size"), "backbone vocabulary"),
-        ("num_hidden_layers", backbone.get("num_layers"), "backbone layers"),
+        ("hidden_size", size(backbone, "hidden_dim"), "backbone hidden_dim"),
+        ("vocab_size", size(backbone, "vocabulary_size"), "backbone vocabulary"),
+        ("num_hidden_layers", size(backbone, "num_layers"), "backbone layers"),
         ("num_attention_heads", heads, "backbone query heads"),
         (
             "num_key_value_heads",

@@ -25,6 +25,7 @@ import re
 from keras_vllm.format import adapter
 from keras_vllm.format import quantization
 from keras_vllm.format.checks import fail
+from keras_vllm.format.configs import size
 from keras_vllm.format.names import VARIABLE_PATH_PATTERN
 from keras_vllm.format.names import WEIGHTS_DIR
 
@@ -163,7 +164,7 @@ def check_config_against_weights(manifest, estimate):
     for path, spec in weights["variables"].items():
         if path == _EMBEDDING_SUFFIX or path.endswith("/" + _EMBEDDING_SUFFIX):
             shape = spec["shape"]
-            want = [config.get("vocabulary_size"), config.get("hidden_dim")]
+            want = [size(config, "vocabulary_size"), size(config, "hidden_dim")]
             packed = values_per_element(path)
             if len(shape) != 2 or any(
                 w is not None and s not in (w, -(-w // packed))

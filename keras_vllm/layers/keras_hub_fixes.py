@@ -11,6 +11,7 @@ is registered. Each fix lives with its family; this table lists them.
 Importing this module imports neither keras nor keras-hub.
 """
 
+from keras_vllm.layers import gemma3n_fixes
 from keras_vllm.layers import gemma4_hf_fixes
 from keras_vllm.layers import gpt_oss_hf_fixes
 from keras_vllm.layers import smollm3_fixes
@@ -18,6 +19,7 @@ from keras_vllm.layers import smollm3_fixes
 # keras-hub module name -> function that fixes that (imported) module.
 FIXES = {
     smollm3_fixes.KERAS_HUB_MODULE: smollm3_fixes.install,
+    gemma3n_fixes.KERAS_HUB_MODULE: gemma3n_fixes.install,
     gemma4_hf_fixes.KERAS_HUB_MODULE: gemma4_hf_fixes.install,
     gpt_oss_hf_fixes.KERAS_HUB_MODULE: gpt_oss_hf_fixes.install,
 }

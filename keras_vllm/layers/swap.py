@@ -54,6 +54,27 @@ def _passes_cache(layer):
     return _takes_cache(layer) or _registered_attention(layer)
 
 
+def layers_in_order(backbone):
+    """Every sublayer of `backbone` once, depth first, each layer's children
+    in the order it holds them.
+
+    Keras' `_flatten_layers` visits the children of a nested layer in
+    reverse: a decoder nested in the backbone (Gemma 3n's `language_model`)
+    would list its last block first.
+    """
+    found, seen = [], set()
+
+    def visit(layer):
+        for child in layer._flatten_layers(include_self=False, recursive=False):
+            if id(child) not in seen:
+                seen.add(id(child))
+                found.append(child)
+                visit(child)
+
+    visit(backbone)
+    return found
+
+
 def find_attention_layers(backbone):
     """Finds the layers that hold attention state, in the backbone's order.
 
@@ -67,7 +88,7 @@ def find_attention_layers(backbone):
     changes.
     """
     found = []
-    for layer in backbone._flatten_layers(include_self=False, recursive=True):
+    for layer in layers_in_order(backbone):
         if isinstance(layer, keras.layers.MultiHeadAttention):
             found.append(layer)
             continue

@@ -162,7 +162,7 @@ def _load_and_probe(cls, config, assets, section, manifest):
 
 def _check_vocabulary_size(tokenizer, manifest):
     """The tokenizer's ids index the embedding: never more than its rows."""
-    rows = manifest["backbone"]["config"].get("vocabulary_size")
+    rows = fmt.configs.size(manifest["backbone"]["config"], "vocabulary_size")
     try:
         size = int(tokenizer.vocabulary_size())
     except Exception as e:  # tokenizer libraries raise many types

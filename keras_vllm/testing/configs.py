@@ -18,6 +18,7 @@ FAMILIES = [
     "gemma3",
     "gemma4",
     "gemma4_e2b",
+    "gemma3n",
     "qwen",
     "qwen3",
     "qwen_moe",
@@ -31,6 +32,10 @@ FAMILIES = [
     "qwen3_5",
     "qwen3_5_moe",
 ]
+
+# Backbone arguments the tokenizer's vocabulary size fills in, per family
+# (`vocabulary_size` for the others).
+VOCABULARY_KEYS = {"gemma3n": ("text_vocab_size", "vocab_size_per_layer_input")}
 
 NUM_LAYERS = 2
 HIDDEN_DIM = 64
@@ -177,6 +182,40 @@ SPECS = {
             use_double_wide_mlp=True,
             final_logit_soft_cap=30.0,
         ),
+    ),
+    # Gemma 3n, text only (E2B/E4B shape): the decoder nested in the
+    # backbone; q/k RMSNorm and v norm, attention scale 1; sliding window
+    # on 2 of every 3 layers (4 of 5 in the presets); 4 AltUp streams;
+    # Laurel blocks; per-layer inputs; Gaussian top-k activation sparsity
+    # (0.95) in the first 2 layers' FFNs (the first 10 in the presets); the
+    # last 2 layers share the KV cache of the last earlier layer of their
+    # kind (3 and 2); the presets' final logit soft cap of 30. Its sizes are
+    # `text_vocab_size` and `vocab_size_per_layer_input` (`VOCABULARY_KEYS`).
+    "gemma3n": (
+        "Gemma3n",
+        {
+            "text_hidden_size": HIDDEN_DIM,
+            "num_hidden_layers": 6,
+            "pad_token_id": 0,
+            "num_attention_heads": NUM_QUERY_HEADS,
+            "num_key_value_heads": NUM_KEY_VALUE_HEADS,
+            "head_dim": HEAD_DIM,
+            "intermediate_size": [INTERMEDIATE_DIM] * 6,
+            "hidden_activation": "gelu_approximate",
+            "layer_types": ["sliding_attention", "sliding_attention",
+                            "full_attention"] * 2,
+            "sliding_window": SLIDING_WINDOW,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+            "max_position_embeddings": 256,
+            "hidden_size_per_layer_input": 8,
+            "altup_num_inputs": 4,
+            "altup_coef_clip": 120.0,
+            "laurel_rank": 4,
+            "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0, 0.0, 0.0],
+            "num_kv_shared_layers": 2,
+            "final_logit_soft_cap": 30.0,
+        },
     ),
     # Qwen 2 / 2.5: q/k/v biases, tied embeddings, RoPE base 1e6.
     "qwen": ("Qwen", dict(_GQA, rope_max_wavelength=1000000)),

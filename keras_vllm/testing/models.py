@@ -21,6 +21,7 @@ from keras_vllm.testing.configs import LLAMA3_1_ROPE_SCALING  # noqa: F401
 from keras_vllm.testing.configs import NUM_LAYERS  # noqa: F401
 from keras_vllm.testing.configs import PHI3_SU_ROPE_SCALING  # noqa: F401
 from keras_vllm.testing.configs import SPECS
+from keras_vllm.testing.configs import VOCABULARY_KEYS
 from keras_vllm.testing.inputs import with_position_ids
 
 def _check_family(family):
@@ -30,19 +31,32 @@ def _check_family(family):
         )
 
 
-def backbone_config(family, **overrides):
+def backbone_config(family, vocabulary_size=None, **overrides):
     """Returns the tiny backbone constructor arguments of a family.
 
     Args:
         family: string. One of `FAMILIES`.
+        vocabulary_size: int, optional. Fills in the backbone's vocabulary
+            arguments (`vocabulary_size`, or the family's own names, e.g.
+            Gemma 3n's `text_vocab_size` and `vocab_size_per_layer_input`).
         **overrides: backbone constructor arguments replacing the defaults.
 
     Returns:
         A dict of keyword arguments for the family's backbone class, without
-        `vocabulary_size`.
+        its vocabulary sizes unless `vocabulary_size` is given.
+
+    Example:
+
+    ```python
+    config = backbone_config("gemma3n", vocabulary_size=256)
+    backbone = backbone_class("gemma3n")(**config)
+    ```
     """
     _check_family(family)
     config = dict(SPECS[family][1])
+    if vocabulary_size is not None:
+        for key in VOCABULARY_KEYS.get(family, ("vocabulary_size",)):
+            config[key] = int(vocabulary_size)
     config.update(overrides)
     return config
 
@@ -121,8 +135,9 @@ def build_tiny_causal_lm(
     tokenizer = tokenizers_lib.build_tiny_tokenizer(
         family, filled_vocabulary, fill=bool(filled_vocabulary)
     )
-    config = backbone_config(family, **overrides)
-    config.setdefault("vocabulary_size", tokenizer.vocabulary_size())
+    config = backbone_config(
+        family, vocabulary_size=tokenizer.vocabulary_size(), **overrides
+    )
     if dtype is not None:
         config["dtype"] = dtype
     backbone = backbone_class(family)(**config)

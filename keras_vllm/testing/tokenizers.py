@@ -118,6 +118,23 @@ SENTENCE_PIECE_LAYOUTS = {
         user_defined_symbols=("<|image>", "<|image|>", "<image|>", "<|video|>"),
         add_dummy_prefix=False,
     ),
+    # Gemma3nTokenizer checks for its image, audio, turn and mask tokens.
+    "gemma3n": dict(
+        _GEMMA_META,
+        user_defined_symbols=(
+            "<start_of_turn>",
+            "<end_of_turn>",
+            "<image_soft_token>",
+            "<audio_soft_token>",
+            "<start_of_image>",
+            "<end_of_image>",
+            "<start_of_audio>",
+            "<end_of_audio>",
+            "<mask>",
+            "[multimodal]",
+        ),
+        add_dummy_prefix=False,
+    ),
     # Phi-3 starts with "<s>" and ends with "<|endoftext|>".
     "phi3": dict(
         _LLAMA_META,
@@ -143,6 +160,7 @@ _TOKENIZERS = {
     "gemma3": ("Gemma3Tokenizer", "spm", "gemma3"),
     "gemma4": ("Gemma4Tokenizer", "spm", "gemma4"),
     "gemma4_e2b": ("Gemma4Tokenizer", "spm", "gemma4"),
+    "gemma3n": ("Gemma3nTokenizer", "spm", "gemma3n"),
     "qwen": ("QwenTokenizer", "bpe", "qwen"),
     "qwen3": ("Qwen3Tokenizer", "bpe", "qwen3"),
     "qwen_moe": ("QwenMoeTokenizer", "bpe", "qwen_moe"),

@@ -45,7 +45,7 @@ def test_served_classes_are_the_tested_families():
 @pytest.mark.parametrize("family", testing.FAMILIES)
 def test_served_families_pass_the_structural_checks(family):
     backbone = testing.backbone_class(family)(
-        vocabulary_size=256, **testing.backbone_config(family)
+        **testing.backbone_config(family, vocabulary_size=256)
     )
     causal_lm = testing.causal_lm_class(family)(
         backbone=backbone, preprocessor=None

@@ -27,6 +27,7 @@ OUTCOMES = {
     "GPTNeoXCausalLM": "served",
     "GptOssCausalLM": "served",
     "Gemma3CausalLM": "served",
+    "Gemma3nCausalLM": "served",
     "Gemma4CausalLM": "served",
     "GemmaCausalLM": "served",
     "Llama3CausalLM": "served",
@@ -45,13 +46,6 @@ OUTCOMES = {
     "PARSeqCausalLM": "PARSeqBackbone has no hidden_dim.*"
     "Missing capability: inputs images",
     "RWKV7CausalLM": "RWKV7Backbone has no hidden_dim.*recurrent state",
-    "Gemma3nCausalLM": "Gemma3nCausalLM cannot be served: its "
-    "Gemma3nBackbone has no hidden_dim / vocabulary_size, so it is not a "
-    "single token-embedding text decoder. Missing capability: a decoder "
-    "nested in the backbone .*; AltUp \\(2 hidden-state streams per "
-    "layer\\); Laurel residual blocks \\(rank 4\\); per-layer inputs "
-    "\\(8 per layer.*; a paged Gemma3nTextAttention \\(KV shared by its "
-    "last 2 layers\\)",
     "PaliGemmaCausalLM": "PaliGemmaBackbone takes inputs images, "
     "response_mask .*Missing capability: those inputs",
     "Gemma4AssistantCausalLM": "not a standalone text generator .* "
@@ -141,16 +135,6 @@ _BACKBONES = {
     "RWKV7CausalLM": lambda vocab: keras_hub.models.RWKV7Backbone(
         hidden_size=64, head_size=16, num_layers=2, vocabulary_size=vocab,
         intermediate_dim=128,
-    ),
-    "Gemma3nCausalLM": lambda vocab: keras_hub.models.Gemma3nBackbone(
-        text_vocab_size=vocab, text_hidden_size=64, num_hidden_layers=4,
-        pad_token_id=0, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, intermediate_size=[128] * 4,
-        hidden_activation="gelu_approximate",
-        layer_types=["sliding_attention"] * 3 + ["full_attention"],
-        sliding_window=16, rope_theta=10000.0, max_position_embeddings=128,
-        vocab_size_per_layer_input=vocab, hidden_size_per_layer_input=8,
-        altup_num_inputs=2, laurel_rank=4, num_kv_shared_layers=2,
     ),
     "PaliGemmaCausalLM": lambda vocab: keras_hub.models.PaliGemmaBackbone(
         vocabulary_size=vocab, image_size=16, num_query_heads=4,

@@ -9,6 +9,7 @@ imports the `test_*` functions below, which pytest then collects there.
 
 import pytest
 
+from helpers import gemma3n_encoders
 from helpers import serving_checks
 from helpers import trained_models
 from helpers.trained_models import trained
@@ -86,6 +87,15 @@ def check_drafts_verified(outputs):
     assert sum(sum(h[1:]) for h in steps) > 0, steps
     assert sum(h[0] for h in steps) > 0, steps
 
+# The model a family's engine serves, when not its trained text model: every
+# KerasHub Gemma 3n preset carries a vision and an audio encoder, so its
+# engine serves the trained model with tiny encoders added (the artifact
+# stores them; the engine runs the text decoder). The checks compare with
+# the text model (the same decoder weights; the encoder model's forward
+# pass and `generate()` on text equal it: `tests/layers/test_gemma3n.py`),
+# and the golden outputs export records are the encoder model's own.
+SERVED_MODELS = {"gemma3n": gemma3n_encoders.with_encoders}
+
 
 def served_fixture(families):
     """A module fixture: one engine per family, torn down before the next."""
@@ -94,8 +104,9 @@ def served_fixture(families):
     def served(request, tmp_path_factory):
         family = request.param
         model = trained(family)
+        exported = SERVED_MODELS.get(family, lambda m: m)(model)
         engine = serving_checks.start_engine(
-            model, tmp_path_factory.mktemp(family) / "artifact",
+            exported, tmp_path_factory.mktemp(family) / "artifact",
             **ENGINE_KWARGS.get(family, {}),
             **({} if family in NOT_SPECULATING else SPECULATIVE),
         )
@@ -153,6 +164,32 @@ def test_golden_outputs_replay_on_the_engine(served):
     the forward pass for GPT-NeoX) are what the engine serves."""
     _, _, engine = served
     assert engine.check_golden() == []
+
+
+@pytest.mark.parametrize("kind", ["image", "audio"])
+def test_images_and_audio_are_refused_by_name(served, kind):
+    """Every family's artifact serves text only: a request carrying an
+    image or an audio clip is refused before it reaches vLLM, naming the
+    inputs the artifact stores for Keras-side use when it has encoders
+    (Gemma 3n: `images`, `input_features`, `input_features_mask`)."""
+    import numpy as np
+
+    import keras_vllm
+    from keras_vllm import format as fmt
+
+    _, _, engine = served
+    data = {
+        "image": np.zeros((16, 16, 3), "uint8"),
+        "audio": (np.zeros(1600, "float32"), 16000),
+    }[kind]
+    with pytest.raises(keras_vllm.ServingError) as raised:
+        engine.generate(
+            [{"prompt": "the", "multi_modal_data": {kind: data}}]
+        )
+    message = str(raised.value)
+    assert f"multi_modal_data {kind}" in message and "text only" in message
+    for name in fmt.unserved_inputs(engine.manifest):
+        assert name in message
 
 
 def test_engine_allocates_each_layers_cache(served):

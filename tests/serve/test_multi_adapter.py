@@ -11,7 +11,8 @@ one batch; every request's greedy tokens must equal its own Keras model's
 slot (`--max-loras 1`), so its two adapters take turns (vLLM's scheduler
 queues one), and a third loaded by `/v1/load_lora_adapter`. Gemma 4
 (query/value adapters on layers of two head sizes, K=V layers with no value
-projection, experts): one `generate` call. Refusals run before vLLM starts.
+projection, experts) and Gemma 3n (plain `Dense` projections of a nested
+decoder): one `generate` call each. Refusals run before vLLM starts.
 """
 
 import os
@@ -246,6 +247,23 @@ def test_gemma4_adapters_and_base_in_one_call(gemma4_exports):
     expected = gemma4_exports["expected"]
     assert expected["support"] != expected["legal"]
     _serve_and_compare(gemma4_exports, max_loras=2)
+
+
+# Gemma 3n: adapters on the plain `Dense` query and value projections
+# (`q_proj`, `v_proj`: the targets `layers/gemma3n_fixes.py` names) of a
+# decoder nested in its backbone; its last two layers read another layer's
+# cache (their value adapters change nothing).
+@pytest.fixture(scope="module")
+def gemma3n_exports(tmp_path_factory):
+    return _export_family(tmp_path_factory.mktemp("gemma3n"), "gemma3n")
+
+
+def test_gemma3n_adapters_and_base_in_one_call(gemma3n_exports):
+    pytest.importorskip("tpu_inference")
+    expected = gemma3n_exports["expected"]
+    assert expected["support"] != expected["legal"]
+    assert expected[None] not in (expected["support"], expected["legal"])
+    _serve_and_compare(gemma3n_exports, max_loras=2)
 
 
 def _complete(url, model, ids):

@@ -13,7 +13,8 @@ family (tpu-inference's own JAX models shard the same way):
   bias; `anything -> hidden` (MLP down, a flat attention output) over its
   input rows;
 * `ReversibleEmbedding` (token embedding and output head) over the
-  vocabulary;
+  vocabulary, as is the backbone's token embedding table held by a plain
+  `Embedding` (a decoder nested in its backbone: Gemma 3n's);
 * rank-3 variables of other layers (mixture-of-experts weights,
   `[experts, in, out]`) like a 2-D projection, along the intermediate
   size (`hidden -> wider` over its columns, `-> hidden` over its rows),
@@ -200,9 +201,13 @@ def variable_axes(backbone, axis_sizes):
         A dict `{variable.path: (axis, role) or None}`; None is replicated.
     """
     hidden_dim = hidden_size(backbone)
+    embedding = getattr(backbone, "token_embedding", None)
+    table = getattr(embedding, "embeddings", None)
     axes = {}
     for layer, variable in owned_variables(backbone):
         rule = NotImplemented
+        if variable is table:
+            rule = (0, VOCAB)
         override = getattr(layer, "tensor_parallel_axes", None)
         if override is not None:
             rule = override(variable)
