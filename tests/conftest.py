@@ -177,3 +177,11 @@ def shared_fine_tunes(tmp_path_factory, worker_id):
 @pytest.fixture(scope="session")
 def artifacts_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("artifacts")
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint_root(tmp_path_factory):
+    """The directory of the session's tiny Hugging Face checkpoints:
+    `helpers.hf_checkpoints.cached_checkpoint(root, family)` writes each
+    family once per worker, for every test module that converts one."""
+    return tmp_path_factory.mktemp("hf_checkpoints")

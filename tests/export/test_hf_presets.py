@@ -25,19 +25,15 @@ from keras_vllm.errors import IntegrityError
 
 PROMPT = "the cat sat on"
 NEW_TOKENS = 12
-# Qwen2 is written sharded (an index and its shards), the rest as one file.
-SHARDED = {"qwen2": "20KB"}
 
 
-@pytest.fixture(scope="module")
-def checkpoint_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("hf_checkpoints")
+@pytest.fixture
+def checkpoint_root(hf_checkpoint_root):
+    # The session's checkpoints (Qwen2's sharded: an index and its shards).
+    return hf_checkpoint_root
 
 
-def _checkpoint(root, family):
-    return hf_checkpoints.cached_checkpoint(
-        root, family, max_shard_size=SHARDED.get(family)
-    )
+_checkpoint = hf_checkpoints.cached_checkpoint
 
 
 _changed_model = hf_checkpoints.changed_model
@@ -123,7 +119,7 @@ def test_delta_export_from_hf_checkpoint(family, checkpoint_root, tmp_path):
     assert manifest["preset"]["handle"] == os.path.abspath(directory)
     pins = _expected_pins(directory)
     assert manifest["preset"]["files"] == pins
-    if family in SHARDED:
+    if family in hf_checkpoints.SHARDED:
         assert len(pins) > 3, "the checkpoint was not written sharded"
 
     loaded = keras_vllm.load_causal_lm(out, verbose=False)

@@ -274,11 +274,20 @@ def write_checkpoint(family, directory, max_shard_size=None, published=True):
     return directory
 
 
-def cached_checkpoint(root, family, max_shard_size=None):
-    """`root/family`, written by `write_checkpoint` on first use."""
+# Families written as sharded safetensors (an index and its shards), so
+# that loading through an index is covered; the rest as one file.
+SHARDED = {"qwen2": "20KB"}
+
+
+def cached_checkpoint(root, family):
+    """`root/family`, written by `write_checkpoint` on first use (sharded
+    for the families in `SHARDED`). Tests share `root` (the session's
+    `hf_checkpoint_root` fixture) and copy a checkpoint before changing it."""
     directory = os.path.join(root, family)
     if not os.path.isdir(directory):
-        write_checkpoint(family, directory, max_shard_size=max_shard_size)
+        write_checkpoint(
+            family, directory, max_shard_size=SHARDED.get(family)
+        )
     return directory
 
 

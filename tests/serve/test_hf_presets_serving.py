@@ -21,7 +21,7 @@ from keras_vllm.hub import reference
 
 
 # The families issue #15 asks for, and SmolLM3, Gemma 4 and GPT-OSS (#35);
-# Qwen2 written sharded, as in test_hf_presets.py, so the engine also reads
+# Qwen2 written sharded (`hf_checkpoints.SHARDED`), so the engine also reads
 # the base through an index. Gemma 4 is written by transformers 5.19 (its
 # global layers' shape in `per_layer_config`, no processor_config.json),
 # GPT-OSS as published (MXFP4 experts, YaRN in `rope_scaling`): keras-vllm's
@@ -33,20 +33,16 @@ FAMILIES = (
     "llama", "qwen2", "gemma2", "mistral", "gpt2", "smollm3", "gemma4",
     "gpt_oss", "qwen3_5", "qwen3_5_moe",
 )
-SHARDED = {"qwen2": "20KB"}
 # Gemma 4's tiny random checkpoint repeats one token per prompt unless its
 # other kernels move too.
 EVERY_KERNEL = {"gemma4": 0.3}
 NEW_TOKENS = 16
 
 
-@pytest.fixture(scope="module")
-def checkpoint_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("hf_checkpoints")
-
-
 @pytest.mark.parametrize("family", FAMILIES)
-def test_engine_serves_delta_on_hf_checkpoint(family, checkpoint_root, tmp_path):
+def test_engine_serves_delta_on_hf_checkpoint(
+    family, hf_checkpoint_root, tmp_path
+):
     pytest.importorskip("tpu_inference")
     from vllm import SamplingParams
 
@@ -54,9 +50,7 @@ def test_engine_serves_delta_on_hf_checkpoint(family, checkpoint_root, tmp_path)
     from helpers import engine_shapes
     from helpers import serving_checks
 
-    directory = hf_checkpoints.cached_checkpoint(
-        checkpoint_root, family, max_shard_size=SHARDED.get(family)
-    )
+    directory = hf_checkpoints.cached_checkpoint(hf_checkpoint_root, family)
     causal_lm = hf_checkpoints.changed_model(
         directory, every_kernel=EVERY_KERNEL.get(family)
     )
