@@ -81,6 +81,16 @@ FEATURES = {
     "entry points (script, notebook)": ["tests/serve/test_entry_points.py::"],
     "crash-safe export": ["tests/export/test_crash_safe_export.py::"],
     "export without vLLM installed": ["tests/export/test_export_without_vllm.py::"],
+    "speculative decoding (n-gram), exact on every family engine": [
+        "tests/serve/test_serving_families.py::test_greedy_matches_generate",
+    ],
+    "speculative decoding refusals": ["tests/serve/test_speculation.py::"],
+    "Hugging Face origin equal to transformers": [
+        "tests/export/test_hf_transformers_parity.py::",
+    ],
+    "Gemma 3n's encoders exported, refused as inputs": [
+        "tests/layers/test_gemma3n.py::",
+    ],
 }
 
 
