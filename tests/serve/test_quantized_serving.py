@@ -42,7 +42,12 @@ SPECULATING = ("llama", "int8", 2)
 # Gemma 4 (the `gemma4` fixture: mixed head sizes, K=V global layer, MoE)
 # in int8 with its dense FFN left float (`quantized_models._servable`):
 # attention projections, the router and the per-layer projections int8.
-CASES.append(("gemma4", "int8", 1))
+# The CI tier covers int8 with routed experts and a hybrid below; Gemma 4's
+# case is in `-m matrix`.
+CASES.append(
+    pytest.param(("gemma4", "int8", 1), marks=pytest.mark.matrix,
+                 id="gemma4-int8")
+)
 # Qwen 3.5 in int8: its Gated DeltaNet projections (`[Q|K|V]`, z, b, a,
 # output) are Keras Dense layers the paged layer calls, so they run int8;
 # the conv kernel, decay and norm weights stay float, as Keras leaves them.

@@ -36,47 +36,51 @@ MECHANISMS = {
 }
 # TP=2 and TP=4 for every mechanism (the tiny models' 4 query heads divide
 # both); at 4, Llama-style GQA models also have more devices than KV heads
-# (tpu-inference repeats them, and the KV cache is padded). Every engine
-# costs 30-60 s of CI on 2 cores, so the CI tier runs TP=4 for the GQA case
-# only (what TP=4 adds over TP=2); the rest of TP=4 is in `-m matrix`.
-TP4_IN_CI = ("llama",)
-CASES = [(family, 2) for family in MECHANISMS] + [
-    pytest.param(
-        (family, 4),
-        marks=() if family in TP4_IN_CI else pytest.mark.matrix,
-        id=f"{family}-tp4",
-    )
-    for family in MECHANISMS
-]
+# (tpu-inference repeats them, and the KV cache is padded).
 # GPT-OSS at TP=2 only: attention sinks split with their heads (tpu-inference
 # shards them over the heads axis), routed experts with biases split along
 # their intermediate size, a sliding window on one layer.
-CASES.append(("gpt_oss", 2))
 # Gemma 4 at TP=2, both tiny shapes: `gemma4` (mixed head sizes, one K=V
 # global KV head repeated over the devices, dense FFN and routed experts in
 # parallel) and `gemma4_e2b` (per-layer embeddings, layers reading another
 # layer's cache, double-wide MLP, final soft cap).
-CASES += [("gemma4", 2), ("gemma4_e2b", 2)]
 # Qwen 3.5 at TP=2: Gated DeltaNet layers split by heads (2 key, 4 value
 # heads), their fused `[Q | K | V]` channels reordered per shard and their
 # conv/delta-rule state slots split with them; one gated full-attention
 # layer. Its family engine settings (4 state slots, 32-token chunked
 # prefill), so the state also crosses chunks on the split mesh.
-CASES.append(("qwen3_5", 2))
 # Qwen 3.5 MoE at TP=2: the same split of the linear layers, plus routed
 # experts (fused `[gate | up]`) and the sigmoid-gated shared expert.
-CASES.append(("qwen3_5_moe", 2))
 # Gemma 3n at TP=2: its decoder nested in the backbone, q/k/v/o as plain
 # `Dense` layers (split by the rows / columns rules), AltUp, Laurel and
 # per-layer input projections, KV-shared layers, its token embedding a plain
 # `Embedding` split over the vocabulary.
-CASES.append(("gemma3n", 2))
+TP_CASES = (
+    [(family, 2) for family in MECHANISMS]
+    + [(family, 4) for family in MECHANISMS]
+    + [("gpt_oss", 2), ("gemma4", 2), ("gemma4_e2b", 2), ("qwen3_5", 2)]
+    + [("qwen3_5_moe", 2), ("gemma3n", 2)]
+)
+# Every engine here costs 30-60 s of CI on 2 cores, so README's command (the
+# CI tier) runs one case per way the mesh splits a layer kind: rotary GQA at
+# 2 and at 4 (more devices than KV heads), routed experts, recurrent state
+# with a hybrid layer, and Gemma 4's mixed head sizes with a shared K=V head.
+# The other cases are in `-m matrix` (docs/TESTING.md).
+IN_CI = {("llama", 2), ("llama", 4), ("mixtral", 2), ("qwen3_5", 2),
+         ("gemma4", 2)}
+CASES = [
+    pytest.param(
+        case,
+        marks=() if case in IN_CI else pytest.mark.matrix,
+        id=f"{case[0]}-tp{case[1]}",
+    )
+    for case in TP_CASES
+]
 
 
 @pytest.fixture(
     scope="module",
     params=CASES,
-    ids=[None if hasattr(c, "id") else f"{c[0]}-tp{c[1]}" for c in CASES],
 )
 def served(request, tmp_path_factory):
     family, tp = request.param
