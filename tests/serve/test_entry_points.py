@@ -211,7 +211,23 @@ _ENTRY_POINTS = {
 }
 
 
-@pytest.mark.parametrize("entry", list(_ENTRY_POINTS))
+# Each entry point is a fresh interpreter that imports vLLM, fine-tunes,
+# exports and starts an engine: 1-3 minutes of CI on 2 cores. The CI tier
+# runs a script both ways and a notebook kernel; `python -c` and a user's
+# pytest session start the engine as the script does (a `__main__` without
+# a file, another `__main__` module) and are in `-m matrix`.
+MATRIX_ONLY = ("python -c", "pytest")
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param(
+            entry, marks=pytest.mark.matrix if entry in MATRIX_ONLY else ()
+        )
+        for entry in _ENTRY_POINTS
+    ],
+)
 def test_one_process_handoff_serves_exactly(entry, tmp_path):
     out, err = _ENTRY_POINTS[entry](tmp_path)
     assert out.count("SCRIPT BODY RAN") == 1, out
