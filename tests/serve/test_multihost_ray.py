@@ -219,35 +219,46 @@ def delta(keys, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def delta_server(cluster, delta, keys, tmp_path_factory):
-    """`vllm serve DELTA --tensor-parallel-size 2` across the nodes, with
-    the variables a user sets on the head: the multi-host backend, Ray's
-    address, the preset and the public key."""
+def head_environment(cluster, delta, keys):
+    """The variables a user sets on the head to serve the delta across the
+    nodes: the multi-host backend, Ray's address, the preset and the public
+    key."""
     _free_the_cluster()
-    _, path, preset = delta
+    _, _, preset = delta
     patch = pytest.MonkeyPatch()
     patch.setenv("TPU_MULTIHOST_BACKEND", "ray")
     patch.setenv("RAY_ADDRESS", cluster)
     patch.setenv("KERAS_VLLM_PRESET", preset)
     patch.setenv("KERAS_VLLM_PUBLIC_KEY", keys[1])
-    # The test reads the workers' INFO lines ("Init mesh"); a quiet engine
+    # The tests read the workers' INFO lines ("Init mesh"); a quiet engine
     # started earlier in this process leaves WARNING in the environment
     # (`keras_vllm.logs`), which the server would inherit (seen in the full
     # suite, not in this module alone).
     patch.setenv("VLLM_LOGGING_LEVEL", "INFO")
-    log = tmp_path_factory.mktemp("serve_log") / "server.log"
-    server = running_server(
-        [VLLM, "serve", path, "--tensor-parallel-size", "2",
-         *engine_shapes.SERVE_ARGS], log, timeout=400)
     try:
-        url = server.__enter__()
-        _RUNNING.append(lambda: server.__exit__(None, None, None))
-        yield url, path, log, patch
-        _free_the_cluster()
+        yield patch
     finally:
         patch.undo()
 
 
+@pytest.fixture(scope="module")
+def delta_server(head_environment, delta, tmp_path_factory):
+    """`vllm serve DELTA --tensor-parallel-size 2` across the nodes."""
+    _, path, _ = delta
+    log = tmp_path_factory.mktemp("serve_log") / "server.log"
+    server = running_server(
+        [VLLM, "serve", path, "--tensor-parallel-size", "2",
+         *engine_shapes.SERVE_ARGS], log, timeout=400)
+    url = server.__enter__()
+    _RUNNING.append(lambda: server.__exit__(None, None, None))
+    yield url, path, log, head_environment
+    _free_the_cluster()
+
+
+# A second engine across the nodes, behind `vllm serve` (3-4 minutes of CI on
+# 2 cores): the CI tier serves across the nodes through `from_export` above;
+# this case is in `-m matrix` (docs/TESTING.md).
+@pytest.mark.matrix
 def test_vllm_serve_of_a_delta_across_nodes_equals_generate(
         delta_server, delta):
     url, path, log, _ = delta_server
@@ -274,10 +285,10 @@ def test_vllm_serve_of_a_delta_across_nodes_equals_generate(
 
 
 def test_a_key_that_does_not_match_on_node_2_is_refused_there(
-        delta_server, keys):
+        head_environment, delta, keys):
     """Node 2's own public key is not the signer's: its worker refuses the
     artifact before reading it, and the engine does not start."""
-    _, path, _, _ = delta_server
+    _, path, _ = delta
     _free_the_cluster()
     _, public, node2_public = keys
     with open(node2_public, "wb") as f:
