@@ -260,11 +260,13 @@ def prefix_cacheable(backbone):
 def needs_prompt_lengths(backbone):
     """Whether a paged layer of `backbone` reads each token's prompt length
     (`PagedAttention.needs_prompt_lengths`)."""
-    return any(
-        paged_class_for(layer).needs_prompt_lengths(layer)
-        for layer in find_attention_layers(backbone)
-        if paged_class_for(layer) is not None
-    )
+    for layer in find_attention_layers(backbone):
+        # Recurrent-state layers (Qwen 3.5's Gated DeltaNet) are not
+        # `PagedAttention`s: they read no positions.
+        reads = getattr(paged_class_for(layer), "needs_prompt_lengths", None)
+        if reads is not None and reads(layer):
+            return True
+    return False
 
 
 def golden_reference(backbone):

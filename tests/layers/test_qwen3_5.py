@@ -257,3 +257,13 @@ def test_one_token_prompt_in_a_decode_step_starts_from_a_fresh_state(patched):
     np.testing.assert_allclose(stale[1], fresh[1], atol=1e-6)
     np.testing.assert_allclose(stale[0][0][2], fresh[0][0][2], atol=1e-6)
     np.testing.assert_allclose(stale[0][1][2], fresh[0][1][2], atol=1e-6)
+
+
+def test_a_hybrid_reads_no_prompt_lengths():
+    """The engine asks every swapped layer whether it reads prompt lengths
+    (Phi-3's "su" RoPE does); a Gated DeltaNet layer is not a
+    `PagedAttention` and must answer no, not stop the engine's start.
+    Cost: one tiny backbone built, ~5 s."""
+    from keras_vllm.layers import swap
+
+    assert swap.needs_prompt_lengths(_backbone()) is False
