@@ -73,6 +73,9 @@ def exported(tmp_path_factory):
     return out
 
 
+# ~2.5 minutes of CI (its own engine process); every family engine of the
+# CI tier replays its golden outputs (helpers/family_serving.py).
+@pytest.mark.matrix
 def test_verify_engine_replays_golden_outputs_quietly(exported):
     result = subprocess.run(
         CLI + ["verify", "-q", "--engine", exported],

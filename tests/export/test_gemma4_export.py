@@ -110,6 +110,8 @@ def test_a_gemma4_preset_loads_as_the_text_generator_not_its_drafter(
     assert preset_causal_lm_class(llama) is keras_hub.models.LlamaCausalLM
 
 
+# ~2 minutes of CI (quantizing the tiny Gemma 4); in `-m matrix`.
+@pytest.mark.matrix
 def test_a_quantized_ffn_keras_hub_reads_raw_is_refused_by_name(tmp_path):
     # KerasHub's Gemma 4 decoder block multiplies by its FFN layers'
     # `.kernel` directly: quantized, they compute with raw int8 values.

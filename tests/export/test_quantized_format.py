@@ -56,7 +56,12 @@ def test_int8_weights_are_under_30_percent_of_float32(int8_artifact, tmp_path):
     "mode, config, problem",
     [
         ("int4", dict(block_size=None, activation_quantizer="abs_max"), "with its inputs quantized"),
-        ("int8", dict(activation_quantizer=None), "weights-only"),
+        # Quantizing a second model costs ~1 minute of CI: the same refusal
+        # for the other mode is in `-m matrix`.
+        pytest.param(
+            "int8", dict(activation_quantizer=None), "weights-only",
+            marks=pytest.mark.matrix,
+        ),
     ],
 )
 def test_non_default_activation_quantization_is_refused(
@@ -79,7 +84,16 @@ def test_non_default_activation_quantization_is_refused(
         _export(model, tmp_path / mode)
 
 
-@pytest.mark.parametrize("mode", quantized_models.MODES)
+# GPTQ's calibration of the Llama costs ~2.5 minutes of CI; GPT-2's GPTQ
+# artifact is served token for token in the CI tier
+# (test_quantized_serving.py), this round trip is in `-m matrix`.
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(mode, marks=pytest.mark.matrix if mode == "gptq" else ())
+        for mode in quantized_models.MODES
+    ],
+)
 def test_round_trip_is_bit_exact(mode, tmp_path):
     model = quantized_models.quantized("llama", mode)
     path = _export(model, tmp_path / mode)

@@ -45,8 +45,18 @@ def _greedy(engine, prompts):
     return [list(o.outputs[0].token_ids) for o in engine.generate(prompts, params)]
 
 
+# DP=2 x TP=2 (a 4-device mesh) is in `-m matrix`: ~1.5 minutes of CI for
+# the same replica split on a wider mesh.
 @pytest.fixture(
-    scope="module", params=CASES, ids=[f"dp{dp}-tp{tp}" for dp, tp in CASES]
+    scope="module",
+    params=[
+        pytest.param(
+            case,
+            marks=pytest.mark.matrix if case[1] > 1 else (),
+            id=f"dp{case[0]}-tp{case[1]}",
+        )
+        for case in CASES
+    ],
 )
 def served(request, tmp_path_factory):
     dp, tp = request.param
@@ -259,6 +269,9 @@ def http_server(tmp_path_factory):
         yield url, path, model
 
 
+# A second data-parallel engine behind `vllm serve` (~2 minutes of CI);
+# in `-m matrix`.
+@pytest.mark.matrix
 def test_vllm_serve_answers_concurrent_clients_exactly(http_server):
     """18 clients at once (vLLM puts two API servers in front of the one
     data-parallel engine); a structured request gets a 400 naming it, and
