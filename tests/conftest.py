@@ -61,6 +61,12 @@ def in_ci_tier(item):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        # A module may mark some of its parametrized cases `matrix` by rule
+        # (`in_matrix(item)`), where the parameter is a fixture's.
+        rule = getattr(getattr(item, "module", None), "in_matrix", None)
+        if rule is not None and rule(item):
+            item.add_marker(pytest.mark.matrix)
     if not config.option.markexpr:
         deselected = [item for item in items if not in_ci_tier(item)]
         if deselected:

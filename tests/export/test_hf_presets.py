@@ -150,6 +150,8 @@ def test_delta_export_from_hf_checkpoint(family, checkpoint_root, tmp_path):
     assert "weights='full'" in str(refused.value)
 
 
+# ~1 minute of CI (quantizing a converted checkpoint); in `-m matrix`.
+@pytest.mark.matrix
 def test_int8_export_over_a_checkpoint_is_stored_full(
     checkpoint_root, tmp_path
 ):

@@ -242,6 +242,9 @@ def gemma4_exports(request, tmp_path_factory):
     return _export_family(root, request.param)
 
 
+# ~1.5 minutes of CI (Gemma 4's own adapters fine-tuned and an engine); the
+# CI tier serves many adapters on Llama and GPT-2; in `-m matrix`.
+@pytest.mark.matrix
 def test_gemma4_adapters_and_base_in_one_call(gemma4_exports):
     pytest.importorskip("tpu_inference")
     expected = gemma4_exports["expected"]

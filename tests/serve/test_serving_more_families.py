@@ -6,6 +6,7 @@ pytest.importorskip("tpu_inference")
 
 from helpers import family_serving  # noqa: E402
 from helpers.family_serving import (  # noqa: E402, F401
+    in_matrix,
     test_default_sampling_follows_exported_sampler,
     test_engine_allocates_each_layers_cache,
     test_golden_outputs_replay_on_the_engine,
