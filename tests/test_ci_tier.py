@@ -36,7 +36,7 @@ FAMILY_CHECKS = (
 # one prefix of each (a parametrized id in brackets narrows it to a case).
 FEATURES = {
     "tensor parallelism (TP=2)": [
-        "tests/serve/test_tensor_parallel.py::test_greedy_matches_generate[llama-tp2]",
+        "tests/serve/test_tensor_parallel.py::test_greedy_matches_generate[gemma4-tp2]",
     ],
     "tensor parallelism, more devices than KV heads (TP=4)": [
         "tests/serve/test_tensor_parallel.py::test_greedy_matches_generate[llama-tp4]",
