@@ -152,7 +152,16 @@ def test_prompt_logprobs_steps_run_on_a_speculating_runner(monkeypatch):
                 raise ValueError("prompt_logprobs is not supported")
             return "ran"
 
-    Runner._prepare_inputs = fix._prepared(Runner._prepare_inputs)
+    def _prepare_inputs(original):
+        # Another replacement of the class's method (prompt_lengths.py's)
+        # stays in the step.
+        def prepare(self):
+            self.seen.append("other replacement")
+            return original(self)
+
+        return prepare
+
+    Runner._prepare_inputs = _prepare_inputs(Runner._prepare_inputs)
     Runner._execute_model = fix._step(Runner._execute_model)
     ours, theirs = Runner(fmt.MODEL_TYPE), Runner("llama")
     for runner in (ours, theirs):
@@ -160,7 +169,8 @@ def test_prompt_logprobs_steps_run_on_a_speculating_runner(monkeypatch):
         runner.input_batch.num_prompt_logprobs["req-1"] = 0
     assert ours._execute_model() == "ran"
     # The drafts were laid out with the config, which is back after the step.
-    assert ours.seen[-1] == ("prepare", config)
+    assert ours.seen[-2:] == ["other replacement", ("prepare", config)]
+    assert "_prepare_inputs" not in vars(ours)
     assert ours.speculative_config is config
     with pytest.raises(ValueError):
         theirs._execute_model()

@@ -17,8 +17,10 @@ before the n-gram proposer drafts anything for it.
 
 `install()` lets such steps run on runners serving a keras-vllm artifact:
 their `speculative_config` reads None from the end of the step's input
-preparation (`_prepare_inputs`, which lays the drafts out) until
-`_execute_model` returns, whatever happens; the rest of `_execute_model`
+preparation (`_prepare_inputs`, which lays the drafts out; wrapped for the
+step only, on the runner object, so that keras-vllm's other replacement of
+it, `prompt_lengths.py`, stays in place) until `_execute_model` returns,
+whatever happens; the rest of `_execute_model`
 reads it only for the refusal. Sampling, rejection and drafting
 (`sample_tokens`, called after) see the engine's config as before. Other
 models keep tpu-inference's behaviour.
@@ -30,8 +32,6 @@ from keras_vllm import patching
 
 # The runner attribute that holds the hidden config during one step.
 _HIDDEN = "_keras_vllm_hidden_speculative_config"
-# Set on the runner while `_execute_model` runs for a keras-vllm artifact.
-_IN_STEP = "_keras_vllm_in_speculative_step"
 
 
 def _restore(runner):
@@ -49,36 +49,34 @@ def _step(original):
             self.model_config
         ):
             return original(self, *args, **kwargs)
-        setattr(self, _IN_STEP, True)
+        # For this step only, an instance attribute in front of the class's
+        # `_prepare_inputs` (whatever else replaced that one: keras-vllm's
+        # prompt lengths do): it hides the config once the drafts are laid.
+        prepare = type(self)._prepare_inputs.__get__(self)
+
+        def prepare_then_hide(*inputs, **options):
+            result = prepare(*inputs, **options)
+            if (
+                self.speculative_config is not None
+                and self.input_batch.num_prompt_logprobs
+            ):
+                setattr(self, _HIDDEN, self.speculative_config)
+                self.speculative_config = None
+            return result
+
+        self._prepare_inputs = prepare_then_hide
         try:
             return original(self, *args, **kwargs)
         finally:
-            setattr(self, _IN_STEP, False)
+            self.__dict__.pop("_prepare_inputs", None)
             _restore(self)
 
     return _execute_model
 
 
-def _prepared(original):
-    @functools.wraps(original)
-    def _prepare_inputs(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        if (
-            getattr(self, _IN_STEP, False)
-            and self.speculative_config is not None
-            and self.input_batch.num_prompt_logprobs
-        ):
-            setattr(self, _HIDDEN, self.speculative_config)
-            self.speculative_config = None
-        return result
-
-    return _prepare_inputs
-
-
 def install():
-    """Rebinds the two runner methods (idempotent; keras-vllm's vLLM
+    """Rebinds the runner's `_execute_model` (idempotent; keras-vllm's vLLM
     plugin calls it in every vLLM process)."""
     from tpu_inference.runner.tpu_runner import TPUModelRunner
 
     patching.replace(TPUModelRunner, "_execute_model", _step)
-    patching.replace(TPUModelRunner, "_prepare_inputs", _prepared)
