@@ -54,6 +54,9 @@ _SIZE_SYNONYMS = {
 # A window size is unused while its family's flag turns the window off;
 # transformers then writes 0 (Qwen2-MoE), which keras-hub's converter keeps.
 _WINDOW_KEYS = ("sliding_window", "sliding_window_size")
+# Sizes whose 0 means "none": Gemma 4 without per-layer embeddings (its
+# 26B/31B-like shapes) writes `hidden_size_per_layer_input: 0`.
+_ZERO_MEANS_NONE = ("vocab_size_per_layer_input", "hidden_size_per_layer_input")
 _WINDOW_FLAGS = ("use_sliding_window_attention", "use_sliding_window")
 
 # The suffix each role's keras-hub class names end with.
@@ -211,6 +214,8 @@ def _dims(config):
         value = config[key]
         unused_window = key in _WINDOW_KEYS and _window_off(config)
         if unused_window and is_int(value) and value == 0:
+            continue
+        if key in _ZERO_MEANS_NONE and is_int(value) and value == 0:
             continue
         if not is_int(value) or value <= 0:
             fail(

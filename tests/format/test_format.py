@@ -293,3 +293,24 @@ def test_files_hash_in_parallel_as_they_would_one_by_one(tmp_path):
     os.mkfifo(tmp_path / "pipe")  # hashing it would block forever
     with pytest.raises(ArtifactError, match="not a regular file"):
         fmt.sha256_files(paths + [str(tmp_path / "pipe")])
+
+
+def test_zero_per_layer_input_sizes_mean_none():
+    """Gemma 4 without per-layer embeddings writes
+    `hidden_size_per_layer_input: 0`; Gemma 3n's sizes are positive; any
+    other size of 0, or a negative one, is refused. Cost: <1 s."""
+    from keras_vllm.errors import ArtifactError
+    from keras_vllm.format import configs
+
+    base = {"vocabulary_size": 64, "num_layers": 2, "hidden_dim": 8}
+    gemma4 = dict(base, hidden_size_per_layer_input=0,
+                  vocab_size_per_layer_input=0)
+    gemma3n = dict(base, hidden_size_per_layer_input=4,
+                   vocab_size_per_layer_input=64)
+    assert configs.estimate_parameters(gemma4) < configs.estimate_parameters(
+        gemma3n
+    )
+    for bad in (dict(base, hidden_size_per_layer_input=-1),
+                dict(base, hidden_dim=0)):
+        with pytest.raises(ArtifactError, match="positive"):
+            configs.estimate_parameters(bad)
