@@ -109,7 +109,7 @@ def _ci_tier_ids(request):
         return [item.nodeid for item in request.session.items]
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q",
-         "-p", "no:cacheprovider", "-p", "no:xdist", "tests"],
+         "-p", "no:cacheprovider", "tests"],
         cwd=TESTS.parent, capture_output=True, text=True, timeout=900,
         env={**os.environ, "PYTEST_ADDOPTS": ""},
     )

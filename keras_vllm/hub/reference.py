@@ -264,8 +264,8 @@ def teacher_forced_logprobs_batch(causal_lm, prompts):
     Float models run one compiled forward pass for all prompts, padded on
     the right to a shared shape (`compiled_forward.logprobs`: causal
     attention keeps the padding invisible, and calls of other lengths reuse
-    the compile). Models with quantized layers run one eager, unpadded pass
-    per prompt: Keras' int8 layers round each token's activations to its
+    the compile). Models with quantized layers (and callables that are not
+    Keras models) run one eager, unpadded pass per prompt: Keras' int8 layers round each token's activations to its
     own abs-max scale, and another summation order (another shape) can
     move a value across a rounding step (seen: 7e-3 on a tiny Llama).
 
@@ -274,7 +274,7 @@ def teacher_forced_logprobs_batch(causal_lm, prompts):
     """
     from keras import ops
 
-    if not _quantized(causal_lm):
+    if _compilable(causal_lm):
         length = max(len(ids) for ids in prompts)
         padded = np.zeros((len(prompts), length), dtype="int32")
         mask = np.zeros((len(prompts), length), dtype="bool")
@@ -294,10 +294,16 @@ def teacher_forced_logprobs_batch(causal_lm, prompts):
     return outputs
 
 
-def _quantized(causal_lm):
-    """Whether any of the model's layers runs quantized (Keras sets a
-    layer's `quantization_mode`: int8, int4, gptq, float8)."""
-    return any(
+def _compilable(causal_lm):
+    """Whether `causal_lm` is a Keras model none of whose layers runs
+    quantized (Keras sets a layer's `quantization_mode`: int8, int4, gptq,
+    float8). Anything else that computes a model's logits when called (a
+    wrapper that drops a model's image inputs, say) runs eagerly."""
+    import keras
+
+    if not isinstance(causal_lm, keras.Model):
+        return False
+    return not any(
         getattr(layer, "quantization_mode", None)
         for layer in causal_lm._flatten_layers(include_self=False)
     )

@@ -79,13 +79,18 @@ SPECULATIVE = {
 NOT_SPECULATING = ("phi3", "qwen3_5", "qwen3_5_moe")
 
 
-def check_drafts_verified(outputs):
-    """Both ways a verify step ends ran in a batch served with `SPECULATIVE`:
-    drafts accepted (their KV kept, the bonus token sampled after them) and
-    drafts all rejected (their KV overwritten by later steps)."""
+def check_drafts_verified(outputs, accepted=True):
+    """Verify steps ran in a batch served with `SPECULATIVE`: drafts all
+    rejected (their KV overwritten by later steps) and, with `accepted`,
+    drafts accepted (their KV kept, the bonus token sampled after them).
+    Whether a tiny model's greedy output repeats an n-gram of its context
+    depends on its fine-tune (the tiny Llama's does not: every draft is
+    rejected), so the family checks ask for verify steps only; the
+    quantized Llama at TP=2 asks for both."""
     steps = [o.outputs[0].spec_decode_metrics.histogram for o in outputs]
-    assert sum(sum(h[1:]) for h in steps) > 0, steps
     assert sum(h[0] for h in steps) > 0, steps
+    if accepted:
+        assert sum(sum(h[1:]) for h in steps) > 0, steps
 
 # The model a family's engine serves, when not its trained text model: every
 # KerasHub Gemma 3n preset carries a vision and an audio encoder, so its
@@ -126,7 +131,7 @@ def test_greedy_matches_generate(served):
         engine, model, greedy=_greedy(family)
     )
     if family not in NOT_SPECULATING:
-        check_drafts_verified(outputs)
+        check_drafts_verified(outputs, accepted=False)
 
 
 def test_speculation_is_refused_where_it_would_change_output(served):

@@ -204,8 +204,11 @@ def test_batched_image_and_text_requests_match_generate(served):
     assert want != list(outputs[index].outputs[0].token_ids)
 
 
+# Not strict: the two attentions differ on every image, but whether that
+# flips one of this tiny model's greedy tokens depends on summation order
+# (it did under XLA's default CPU optimization, not at level 0).
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,
     reason="KerasHub 0.32's Gemma 4 generate() attends causally within an "
     "image (its forward pass, which keras-vllm serves, both ways)",
 )
