@@ -224,8 +224,9 @@ def _dims(config):
             )
     dims = {k: config[k] for k in _DIMENSION_KEYS if config.get(k) is not None}
     for name in _SIZE_SYNONYMS:
-        if size(config, name) is not None:
-            dims[name] = size(config, name)
+        value = size(config, name)
+        if value is not None:
+            dims[name] = value
     return dims
 
 
