@@ -265,9 +265,10 @@ def teacher_forced_logprobs_batch(causal_lm, prompts):
     the right to a shared shape (`compiled_forward.logprobs`: causal
     attention keeps the padding invisible, and calls of other lengths reuse
     the compile). Models with quantized layers (and callables that are not
-    Keras models) run one eager, unpadded pass per prompt: Keras' int8 layers round each token's activations to its
-    own abs-max scale, and another summation order (another shape) can
-    move a value across a rounding step (seen: 7e-3 on a tiny Llama).
+    Keras models) run one eager, unpadded pass per prompt: Keras' int8
+    layers round each token's activations to its own abs-max scale, and
+    another summation order (another shape) can move a value across a
+    rounding step (seen: 7e-3 on a tiny Llama).
 
     Returns:
         A list of float32 arrays `[len(prompt), vocab]`.

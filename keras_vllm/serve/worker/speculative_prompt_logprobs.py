@@ -20,10 +20,10 @@ their `speculative_config` reads None from the end of the step's input
 preparation (`_prepare_inputs`, which lays the drafts out; wrapped for the
 step only, on the runner object, so that keras-vllm's other replacement of
 it, `prompt_lengths.py`, stays in place) until `_execute_model` returns,
-whatever happens; the rest of `_execute_model`
-reads it only for the refusal. Sampling, rejection and drafting
-(`sample_tokens`, called after) see the engine's config as before. Other
-models keep tpu-inference's behaviour.
+whatever happens; the rest of `_execute_model` reads it only for the
+refusal. Sampling, rejection and drafting (`sample_tokens`, called after)
+see the engine's config as before. Other models keep tpu-inference's
+behaviour.
 """
 
 import functools
