@@ -56,7 +56,8 @@ def serving_stack_installed():
 
 
 def in_ci_tier(item):
-    return item.get_closest_marker("matrix") is None
+    # `tpu` tests need a chip held by one process (tests/tpu/conftest.py).
+    return all(item.get_closest_marker(m) is None for m in ("matrix", "tpu"))
 
 
 @pytest.hookimpl(tryfirst=True)

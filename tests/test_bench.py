@@ -132,6 +132,9 @@ def test_runs_outside_the_repository(tmp_path):
         assert "--model" in result.stdout and "--quick" in result.stdout
 
 
+# Two fresh processes (~40 s of CI): the benchmark scripts' other tables
+# run in the CI tier; this one in `-m matrix`.
+@pytest.mark.matrix
 def test_export_cost_table(capsys):
     from keras_vllm.bench import export_cost
 

@@ -45,7 +45,7 @@ FEATURES = {
     "LoRA adapter artifacts": ["tests/serve/test_lora_adapters.py::"],
     "many LoRA adapters on one engine": ["tests/serve/test_multi_adapter.py::"],
     "LoRA on routed experts": ["tests/serve/test_moe_lora_serving.py::"],
-    "int8": ["tests/serve/test_quantized_serving.py::test_greedy_matches_quantized_generate[llama-int8]"],
+    "int8": ["tests/serve/test_quantized_serving.py::test_greedy_matches_quantized_generate[llama-int8"],
     "int8 at TP=2": ["tests/serve/test_quantized_serving.py::test_greedy_matches_quantized_generate[llama-int8-tp2]"],
     "int4": ["tests/serve/test_quantized_serving.py::test_greedy_matches_quantized_generate[gpt2-int4]"],
     "GPTQ": ["tests/serve/test_quantized_serving.py::test_greedy_matches_quantized_generate[gpt2-gptq]"],

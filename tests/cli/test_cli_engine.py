@@ -89,6 +89,11 @@ def test_verify_engine_replays_golden_outputs_quietly(exported):
     _quiet(result.stdout + result.stderr)
 
 
+# ~1.5 minutes of CI (a CLI export and a server process): the CI tier runs
+# `keras-vllm demo` (export, engine, generate through the command line) and
+# `vllm serve` of an artifact behind the same frontend
+# (tests/serve/test_vllm_serve.py); this case is in `-m matrix`.
+@pytest.mark.matrix
 def test_serve_answers_with_the_artifact_defaults_quietly(
     exported, tmp_path
 ):

@@ -213,10 +213,12 @@ _ENTRY_POINTS = {
 
 # Each entry point is a fresh interpreter that imports vLLM, fine-tunes,
 # exports and starts an engine: 1-3 minutes of CI on 2 cores. The CI tier
-# runs a script both ways and a notebook kernel; `python -c` and a user's
-# pytest session start the engine as the script does (a `__main__` without
-# a file, another `__main__` module) and are in `-m matrix`.
-MATRIX_ONLY = ("python -c", "pytest")
+# runs a script through `KerasVllmEngine` and a notebook kernel; plain
+# `vllm.LLM` from a script (the same plugin check, reached from vLLM's side),
+# `python -c` and a user's pytest session start the engine as the script
+# does (a `__main__` without a file, another `__main__` module) and are in
+# `-m matrix`.
+MATRIX_ONLY = ("unguarded script, plain vllm.LLM", "python -c", "pytest")
 
 
 @pytest.mark.parametrize(

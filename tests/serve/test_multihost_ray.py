@@ -285,6 +285,11 @@ def test_vllm_serve_of_a_delta_across_nodes_equals_generate(
     assert len(workers) == 2, text[-3000:]
 
 
+# A second `vllm serve` across the nodes, refused (about 2 minutes of CI on 2
+# cores): the CI tier checks that a worker verifies with its own host's key
+# and refuses a mismatch (tests/signing/test_signing.py); this case, the
+# same on node 2 of a cluster, is in `-m matrix`.
+@pytest.mark.matrix
 def test_a_key_that_does_not_match_on_node_2_is_refused_there(
         head_environment, delta, keys):
     """Node 2's own public key is not the signer's: its worker refuses the
