@@ -85,8 +85,9 @@ def check_drafts_verified(outputs, accepted=True):
     drafts accepted (their KV kept, the bonus token sampled after them).
     Whether a tiny model's greedy output repeats an n-gram of its context
     depends on its fine-tune (the tiny Llama's does not: every draft is
-    rejected), so the family checks ask for verify steps only; the
-    quantized Llama at TP=2 asks for both."""
+    rejected), so the family checks ask for verify steps only; a memorized
+    sentence followed by its opening (test_multi_adapter.py) asks for
+    both."""
     steps = [o.outputs[0].spec_decode_metrics.histogram for o in outputs]
     assert sum(h[0] for h in steps) > 0, steps
     if accepted:

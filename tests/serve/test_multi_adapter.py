@@ -73,7 +73,37 @@ def _export_family(root, family):
         name: reference.greedy_batch(model, ids, NEW_TOKENS, stop)
         for name, model in models.items()
     }
-    return {"base": base, "paths": paths, "ids": ids, "expected": expected}
+    return {"base": base, "paths": paths, "ids": ids, "expected": expected,
+            "models": models, "stop": stop}
+
+
+def _check_speculation(engine, family_exports, params):
+    """Each adapter's own repetitive training text, opened twice over: n-gram
+    lookup drafts the repetition from the prompt, and the adapter (trained
+    on that text) accepts drafts; the base gets the same prompt. (The corpus
+    prompts' short continuations repeat no n-gram: they never draft.) Each
+    request's tokens, drafts verified with its own adapter, equal its Keras
+    model's."""
+    from helpers import family_serving
+
+    models = family_exports["models"]
+    names = ["support", None, "legal"]
+    prompts = [
+        reference.prompt_token_ids(
+            models[None], " ".join(TEXTS[name or "support"][0].split()[:5])
+        )
+        for name in names
+    ]
+    outputs = engine.generate(
+        [{"prompt_token_ids": ids} for ids in prompts], params,
+        adapter=names, use_tqdm=False,
+    )
+    family_serving.check_drafts_verified(outputs)
+    for name, ids, out in zip(names, prompts, outputs):
+        want = reference.greedy_batch(
+            models[name], [ids], NEW_TOKENS, family_exports["stop"]
+        )[0]
+        assert list(out.outputs[0].token_ids) == list(want), name
 
 
 @pytest.fixture(scope="module")
@@ -166,10 +196,7 @@ def _serve_and_compare(family_exports, runtime=False, **engine_kwargs):
         outputs = engine.generate(prompts, params, adapter=ADAPTERS,
                                   use_tqdm=False)
         if "speculative_config" in engine_kwargs:
-            from helpers import family_serving
-
-            # Each token verified with its own request's adapter.
-            family_serving.check_drafts_verified(outputs)
+            _check_speculation(engine, family_exports, params)
         # One adapter for every prompt of a call.
         alone = engine.generate(prompts[:3], params, adapter="legal",
                                 use_tqdm=False)

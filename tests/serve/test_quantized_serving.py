@@ -100,7 +100,10 @@ def test_greedy_matches_quantized_generate(served, request):
         engine, model, greedy=greedy
     )
     if request.node.callspec.params["served"] == SPECULATING:
-        family_serving.check_drafts_verified(outputs)
+        # Verify steps ran (the tiny Llama's int8 continuations repeat no
+        # n-gram, so every draft is rejected); accepted drafts are checked
+        # on a memorized sentence in test_multi_adapter.py.
+        family_serving.check_drafts_verified(outputs, accepted=False)
 
 
 def test_prompt_logprobs_match_quantized_forward_pass(served, request):
