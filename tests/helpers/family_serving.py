@@ -109,11 +109,8 @@ def served_fixture(families):
     @pytest.fixture(scope="module", params=families)
     def served(request, tmp_path_factory):
         family = request.param
-        model = trained(family)
-        exported = SERVED_MODELS.get(family, lambda m: m)(model)
-        engine = serving_checks.start_engine(
-            exported, tmp_path_factory.mktemp(family) / "artifact",
-            **ENGINE_KWARGS.get(family, {}),
+        model, engine = start_family_engine(
+            family, tmp_path_factory.mktemp(family) / "artifact",
             **({} if family in NOT_SPECULATING else SPECULATIVE),
         )
         yield family, model, engine
@@ -122,14 +119,26 @@ def served_fixture(families):
     return served
 
 
-def _greedy(family):
+def start_family_engine(family, directory, **engine_kwargs):
+    """`family`'s trained model and an engine serving it (`SERVED_MODELS`,
+    with `ENGINE_KWARGS` and `engine_kwargs`), exported to `directory`."""
+    model = trained(family)
+    exported = SERVED_MODELS.get(family, lambda m: m)(model)
+    engine = serving_checks.start_engine(
+        exported, directory, **ENGINE_KWARGS.get(family, {}), **engine_kwargs
+    )
+    return model, engine
+
+
+def greedy_reference(family):
+    """The function `family`'s greedy tokens are compared with."""
     return REFERENCE.get(family, reference.greedy_continuation)
 
 
 def test_greedy_matches_generate(served):
     family, model, engine = served
     outputs = serving_checks.check_greedy_matches_generate(
-        engine, model, greedy=_greedy(family)
+        engine, model, greedy=greedy_reference(family)
     )
     if family not in NOT_SPECULATING:
         check_drafts_verified(outputs, accepted=False)
@@ -190,7 +199,7 @@ def in_matrix(item):
 def test_default_sampling_follows_exported_sampler(served):
     family, model, engine = served
     serving_checks.check_default_sampling_is_the_models(
-        engine, model, greedy=_greedy(family)
+        engine, model, greedy=greedy_reference(family)
     )
 
 

@@ -28,7 +28,6 @@ pytest.importorskip("tpu_inference")
 
 from helpers import family_serving  # noqa: E402
 from helpers import serving_checks  # noqa: E402
-from helpers.trained_models import trained  # noqa: E402
 
 # Worst teacher-forced logprob difference allowed at "highest" precision:
 # float32 accumulated in another order (the CPU tier's bound is 1e-4; the
@@ -46,18 +45,13 @@ def _report(row):
 
 def _check(family, tmp_path, row):
     """Serves `family`'s model; fills `row` with what each check found."""
-    model = trained(family)
-    exported = family_serving.SERVED_MODELS.get(family, lambda m: m)(model)
-    engine = serving_checks.start_engine(
-        exported, tmp_path / "artifact",
-        **family_serving.ENGINE_KWARGS.get(family, {}),
+    model, engine = family_serving.start_family_engine(
+        family, tmp_path / "artifact"
     )
     try:
-        greedy = family_serving.REFERENCE.get(family)
         try:
             serving_checks.check_greedy_matches_generate(
-                engine, model,
-                **({"greedy": greedy} if greedy is not None else {}),
+                engine, model, greedy=family_serving.greedy_reference(family)
             )
             row["greedy"] = "equal"
         except AssertionError as e:
