@@ -14,6 +14,7 @@ import keras_hub  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from helpers import tiers  # noqa: E402
 from helpers import trained_models  # noqa: E402
 from keras_vllm import testing  # noqa: E402
 
@@ -46,16 +47,10 @@ def _sample_inputs(causal_lm):
 # decoding bugs (a strict xfail fails when KerasHub fixes one); the others
 # in `-m matrix`.
 GREEDY_REFERENCE_IN_CI = ("gpt2", "llama", "gpt_neo_x", "qwen3_5", "qwen3_5_moe")
-
-
-def in_matrix(item):
-    """The cases README's command leaves to `-m matrix` (conftest.py asks)."""
-    callspec = getattr(item, "callspec", None)
-    return (
-        item.originalname == "test_generate_matches_greedy_reference"
-        and callspec is not None
-        and callspec.params.get("trained") not in GREEDY_REFERENCE_IN_CI
-    )
+in_matrix = tiers.matrix_rule(
+    "trained",
+    {"test_generate_matches_greedy_reference": GREEDY_REFERENCE_IN_CI},
+)
 
 
 @pytest.fixture(scope="module", params=testing.FAMILIES)

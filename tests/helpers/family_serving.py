@@ -11,6 +11,7 @@ import pytest
 
 from helpers import gemma3n_encoders
 from helpers import serving_checks
+from helpers import tiers
 from helpers import trained_models
 from helpers.trained_models import trained
 from keras_vllm.hub import reference
@@ -180,20 +181,11 @@ SAMPLER_IN_CI = ("llama", "gpt_oss")
 # and Llama; the rest in `-m matrix`. The greedy check above already
 # compares every family's engine with the same reference.
 GOLDEN_IN_CI = ("llama", "gpt_neo_x", "qwen3_5", "gemma3n", "phi3", "gemma4")
-IN_CI = {
+# The family-module cases README's command leaves to `-m matrix`.
+in_matrix = tiers.matrix_rule("served", {
     "test_default_sampling_follows_exported_sampler": SAMPLER_IN_CI,
     "test_golden_outputs_replay_on_the_engine": GOLDEN_IN_CI,
-}
-
-
-def in_matrix(item):
-    """The family-module cases README's command leaves to `-m matrix`
-    (conftest.py asks each module)."""
-    callspec = getattr(item, "callspec", None)
-    if callspec is None or "served" not in callspec.params:
-        return False
-    families = IN_CI.get(item.originalname)
-    return families is not None and callspec.params["served"] not in families
+})
 
 
 def test_default_sampling_follows_exported_sampler(served):
