@@ -46,9 +46,10 @@ RANK = {name: i for i, names in enumerate(LAYERS) for name in names.split()}
 
 # Where vLLM / tpu-inference / xgrammar may be imported: the serving
 # package, the CPU backend of tpu-inference, the paged attention that calls
-# tpu-inference's kernel, and the top layers that drive engines as users do.
+# tpu-inference's kernel, and the benchmarks (they time vLLM's own calls).
+# The CLI drives engines through `keras_vllm.serve` only.
 SERVING_STACK = ("vllm", "tpu_inference", "xgrammar")
-SERVING_STACK_HOMES = ("serve", "cpu", "layers.common", "bench", "cli")
+SERVING_STACK_HOMES = ("serve", "cpu", "layers.common", "bench")
 
 TOP_LEVEL = {
     "__init__", "_env", "errors", "envs", "version", "logs", "progress",

@@ -12,6 +12,8 @@ import tempfile
 import time
 
 EXIT_OK, EXIT_MISMATCH = 0, 1
+# Tokens served per prompt and compared with `generate()`'s.
+NEW_TOKENS = 24
 
 
 def _step(message):
@@ -29,6 +31,7 @@ def run(family="llama3", workdir=None, steps=100):
     from keras_vllm.hub import reference
     from keras_vllm import testing
     from keras_vllm.load.keras_loader import check_golden
+    from keras_vllm.serve.engine import greedy
 
     workdir = workdir or tempfile.mkdtemp(prefix="keras_vllm_demo_")
     os.makedirs(workdir, exist_ok=True)
@@ -62,21 +65,17 @@ def run(family="llama3", workdir=None, steps=100):
 
     _step("serving side: start the vLLM engine on the artifact")
     t = time.time()
-    from vllm import SamplingParams
-
     prompts = testing.prompts()
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     with keras_vllm.KerasVllmEngine.from_export(path) as engine:
         print(f"    engine ready in {time.time() - t:.0f} s")
-        outputs = engine.generate(prompts, params, use_tqdm=False)
+        served = greedy.greedy_continuations(engine, prompts, NEW_TOKENS)
     matches = 0
-    for text, output in zip(prompts, outputs):
+    for text, (completion, got) in zip(prompts, served):
         ids = reference.prompt_token_ids(causal_lm, text)
-        want = reference.greedy_continuation(causal_lm, ids, 24, [])
-        got = list(output.outputs[0].token_ids)
+        want = reference.greedy_continuation(causal_lm, ids, NEW_TOKENS, [])
         matches += got == want
         mark = "==" if got == want else "!="
-        print(f"    {text!r:>20} -> {output.outputs[0].text!r:.60} [{mark} generate()]")
+        print(f"    {text!r:>20} -> {completion!r:.60} [{mark} generate()]")
     _step(
         f"{matches}/{len(prompts)} served continuations equal "
         f"CausalLM.generate() token for token ({time.time() - started:.0f} s)"
