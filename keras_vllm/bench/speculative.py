@@ -37,6 +37,7 @@ host may be shared.
 """
 
 import argparse
+import gc
 import os
 import time
 
@@ -144,6 +145,11 @@ def measure(path, vocabulary, new_tokens, concurrencies, speculative):
             result[concurrency] = cell
     finally:
         engine.shutdown()
+        # An in-process engine (vLLM's single-process mode, as on a TPU host
+        # without sockets) frees its device KV cache only once collected;
+        # the next engine would not fit beside it.
+        del engine
+        gc.collect()
     return result
 
 
