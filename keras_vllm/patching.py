@@ -5,10 +5,15 @@ pins (`PINNED_VERSIONS`): the CPU backend (`keras_vllm/cpu/`), runner fixes
 for tpu-inference 0.32.0, vLLM front-end checks, the keras-hub hooks. Every
 such replacement goes through `replace()`, which
 
-- is idempotent: a function that is already a replacement is left alone (a
-  plugin loaded twice, an engine started twice in one process);
+- is idempotent per fix: a function already replaced by the same `make`
+  is left alone (a plugin loaded twice, an engine started twice in one
+  process);
+- stacks fixes: a second, different `make` for the same function wraps
+  the first replacement, so both apply (before, the second was silently
+  dropped, and a fix that depended on it never ran);
 - marks the replacement with one attribute (`MARKER`) that holds the
-  original, so that `original_of()` and the tests can find every one;
+  function it replaced, so that `original_of()`, `upstream_of()` and the
+  tests can find every one;
 - optionally rebinds copies: `from m import f` binds the object in the
   importing module, so replacing `m.f` alone would not reach them
   (`everywhere="tpu_inference"`).
@@ -32,6 +37,8 @@ PINNED_VERSIONS = {"tpu-inference": "0.32.0", "vllm-tpu": "0.32.0"}
 
 # The attribute of every replacement that holds the function it replaced.
 MARKER = "__keras_vllm_replaces__"
+# The attribute of every replacement that names the `make` that built it.
+MAKER = "__keras_vllm_made_by__"
 
 # The "original" of an attribute keras-vllm adds.
 ADDED = "added by keras-vllm"
@@ -83,8 +90,37 @@ def is_replacement(value):
     return original_of(value) is not None
 
 
+def upstream_of(value):
+    """The upstream function under every replacement of `value` (`value`
+    itself if it is none)."""
+    while is_replacement(value) and original_of(value) is not ADDED:
+        value = original_of(value)
+    return value
+
+
+def _maker_key(make):
+    # A `make` defined once is one fix, however many closures of it a
+    # caller creates: keyed by where its code is, not by the object.
+    code = getattr(make, "__code__", None)
+    if code is None:
+        return f"{type(make).__module__}.{type(make).__qualname__}"
+    return f"{code.co_filename}:{code.co_firstlineno}:{code.co_name}"
+
+
+def _made_by(value, key):
+    while is_replacement(value) and original_of(value) is not ADDED:
+        if getattr(_function(value), MAKER, None) == key:
+            return True
+        value = original_of(value)
+    return False
+
+
 def replace(owner, name, make, everywhere=None):
-    """Replaces `owner.name` by `make(original)`, once.
+    """Replaces `owner.name` by `make(current)`, once per `make`.
+
+    A `make` that already replaced `owner.name` (directly or under another
+    fix stacked on it) is not applied again; a different one wraps what is
+    there, so every fix of a function applies, the latest outermost.
 
     Args:
         owner: the module or class that holds the function.
@@ -97,8 +133,8 @@ def replace(owner, name, make, everywhere=None):
             the replacement too.
 
     Returns:
-        The replacement now in place (the existing one if `owner.name` was
-        replaced already).
+        The replacement now in place (the existing one if this `make`
+        replaced `owner.name` already).
 
     Example:
 
@@ -114,10 +150,12 @@ def replace(owner, name, make, everywhere=None):
     current = vars(owner).get(name) if isinstance(owner, type) else None
     if current is None:
         current = getattr(owner, name)
-    if is_replacement(current):
+    key = _maker_key(make)
+    if _made_by(current, key):
         return current
     replacement = make(current)
     setattr(_function(replacement), MARKER, current)
+    setattr(_function(replacement), MAKER, key)
     setattr(owner, name, replacement)
     if everywhere is not None:
         _rebind(current, replacement, everywhere)

@@ -89,3 +89,42 @@ def test_check_versions_names_both_versions(monkeypatch):
     monkeypatch.setattr(patching, "installed_version", lambda package: None)
     with pytest.raises(ServingError, match="it is not installed"):
         patching.check_versions()
+
+
+def test_a_second_fix_of_the_same_function_applies_too():
+    # Two fixes of one function (the speculation hook and the prompt-length
+    # hook both wrap the runner's `_prepare_inputs`): both run, the latest
+    # outermost, and neither is applied twice when its module runs again.
+    home = _module("fakeupstream_c", greet=lambda who: f"hello {who}")
+    upstream = home.greet
+
+    def shouting(original):
+        return lambda who: original(who).upper()
+
+    def polite(original):
+        return lambda who: original(who) + ", please"
+
+    patching.replace(home, "greet", shouting)
+    patching.replace(home, "greet", polite)
+    patching.replace(home, "greet", shouting)
+    patching.replace(home, "greet", polite)
+    assert home.greet("you") == "HELLO YOU, please"
+    assert patching.upstream_of(home.greet) is upstream
+    assert patching.original_of(patching.original_of(home.greet)) is upstream
+    assert patching.upstream_of(upstream) is upstream
+
+
+def test_closures_of_one_fix_are_one_fix():
+    # A module that builds its `make` inside a function makes a new closure
+    # each time it runs; it is still the same fix.
+    home = _module("fakeupstream_d", size=lambda: 1)
+
+    def install(step):
+        def adding(original):
+            return lambda: original() + step
+
+        patching.replace(home, "size", adding)
+
+    install(1)
+    install(1)
+    assert home.size() == 2

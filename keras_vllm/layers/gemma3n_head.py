@@ -21,8 +21,7 @@ def _token_embedding_of(text_model):
     method: the patched one routes symbolic calls to the output head)."""
     from keras_vllm import patching
 
-    method = type(text_model).token_embedding
-    return patching.original_of(method) or method
+    return patching.upstream_of(type(text_model).token_embedding)
 
 
 class Gemma3nOutputHead(keras.layers.Layer):
