@@ -45,8 +45,13 @@ def test_ngram_is_served_and_no_config_is_no_check():
      "auxiliary hidden states"),
     ({"method": "dflash", "model": "org/dflash", "num_speculative_tokens": 3},
      "auxiliary hidden states"),
-    ({"method": "mtp", "num_speculative_tokens": 1}, "Gemma4AssistantCausalLM"),
-    ({"method": "gemma4_mtp", "num_speculative_tokens": 1}, "'mtp'"),
+    # MTP drafts with a keras-vllm assistant artifact only (served:
+    # test_mtp_speculation.py; refusals with artifacts:
+    # tests/export/test_assistant_export.py).
+    ({"method": "mtp", "num_speculative_tokens": 1},
+     "keras_vllm.export_assistant"),
+    ({"method": "gemma4_mtp", "model": "google/gemma-4-E2B-it-assistant",
+      "num_speculative_tokens": 1}, "MTP speculation on"),
     ({"method": "suffix", "num_speculative_tokens": 4}, "'suffix' is not one"),
     ({"model": "my_pkg.MyProposer", "num_speculative_tokens": 4},
      "'custom_class'"),
