@@ -37,7 +37,8 @@ the output:
 - drafting on an artifact that serves images: in a step that carries an
   image, placeholder tokens attend to their run both ways, and a run of
   drafted placeholder tokens would too;
-- drafting on a data-parallel engine (untested with keras-vllm models).
+- drafting on a data-parallel engine, and MTP with tensor parallelism
+  (untested with keras-vllm models).
 
 Per request (`keras_vllm.serve.frontend.sampling`): structured outputs on a
 speculating engine are refused (tpu-inference 0.32 applies one grammar row
@@ -151,6 +152,15 @@ def check(artifact, kwargs):
         )
     if method == "mtp":
         _check_assistant(artifact, config.get("model"))
+        shards = int(kwargs.get("tensor_parallel_size") or 1)
+        if shards > 1:
+            raise ServingError(
+                f"MTP speculation cannot serve '{path}' with "
+                f"tensor_parallel_size={shards}: keras-vllm has not verified "
+                "its assistant drafting over sharded KV caches. Serve it "
+                "with MTP on one device, or with n-gram speculation: "
+                f"{EXAMPLE}."
+            )
     _check_layers(artifact)
     # Validated by `load.data_parallel.check_data_parallel` already.
     replicas = int(kwargs.get("data_parallel_size") or 1)

@@ -16,7 +16,7 @@ LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 def build_tiny_assistant(target, num_speculative_tokens=3, seed=7,
-                         **overrides):
+                         ordered_embeddings=False, **overrides):
     """A random `Gemma4AssistantCausalLM` that fits `target`.
 
     Args:
@@ -24,6 +24,11 @@ def build_tiny_assistant(target, num_speculative_tokens=3, seed=7,
             `build_tiny_causal_lm("gemma4_e2b")`).
         num_speculative_tokens: drafts per step `generate()` uses.
         seed: the initializers' seed.
+        ordered_embeddings: score with a centroid head, as the E2B / E4B
+            assistants do: the vocabulary in a random order, split into 2
+            centroids, both active (`centroid_intermediate_top_k=2`), so
+            the head scores every token, as the tied head does, through
+            the centroid gathers and scatter.
         **overrides: assistant backbone arguments (e.g. `hidden_dim`).
 
     Returns:
@@ -59,14 +64,21 @@ def build_tiny_assistant(target, num_speculative_tokens=3, seed=7,
     config.update(overrides)
     keras.utils.set_random_seed(seed)
     backbone = keras_hub.models.Gemma4Backbone.from_config(config)
-    return keras_hub.models.Gemma4AssistantCausalLM(
+    assistant = keras_hub.models.Gemma4AssistantCausalLM(
         backbone,
         backbone_hidden_size=target.backbone.hidden_dim,
-        num_centroids=1,
-        centroid_intermediate_top_k=1,
-        use_ordered_embeddings=False,
+        num_centroids=2 if ordered_embeddings else 1,
+        centroid_intermediate_top_k=2 if ordered_embeddings else 1,
+        use_ordered_embeddings=ordered_embeddings,
         num_speculative_tokens=num_speculative_tokens,
     )
+    if ordered_embeddings:
+        import numpy as np
+
+        vocabulary = backbone.vocabulary_size
+        order = np.random.default_rng(seed).permutation(vocabulary)
+        assistant.token_ordering.assign(order.astype("float32"))
+    return assistant
 
 
 def kv_sources(target):
@@ -101,13 +113,15 @@ def fine_tune_assistant(assistant, target, steps=300, learning_rate=1e-2,
         learning_rate: Adam's learning rate.
         seed: picks the positions.
 
+    A centroid head is trained as the tied head it scores through (the
+    dense logits; the centroid router is left as built).
+
     Returns:
         The losses, one per step.
     """
     import jax
     import jax.numpy as jnp
     import numpy as np
-    import optax
     from keras import ops
 
     from keras_vllm.testing.training import tokenize_corpus
@@ -142,28 +156,45 @@ def fine_tune_assistant(assistant, target, steps=300, learning_rate=1e-2,
             )
         label = jax.lax.dynamic_index_in_dim(labels, p + 1, 1, False)
         weight = jax.lax.dynamic_index_in_dim(mask, p + 1, 1, False)
-        loss = optax.softmax_cross_entropy_with_integer_labels(
-            logits[:, 0].astype("float32"), label
-        )
+        log_probs = jax.nn.log_softmax(logits[:, 0].astype("float32"))
+        loss = -jnp.take_along_axis(log_probs, label[:, None], axis=1)[:, 0]
         return jnp.sum(loss * weight) / jnp.maximum(jnp.sum(weight), 1.0)
 
-    optimizer = optax.adam(learning_rate)
     values = [v.value for v in trainable]
-    state = optimizer.init(values)
+    # Adam (beta1 0.9, beta2 0.999), written out: the testing module needs
+    # no optimizer library.
+    state = (
+        [jnp.zeros_like(v) for v in values],
+        [jnp.zeros_like(v) for v in values],
+        jnp.float32(0.0),
+    )
 
     @jax.jit
     def step(values, state, p):
         loss, grads = jax.value_and_grad(loss_fn)(values, p)
-        updates, state = optimizer.update(grads, state, values)
-        return optax.apply_updates(values, updates), state, loss
+        first, second, count = state
+        count = count + 1
+        first = [0.9 * m + 0.1 * g for m, g in zip(first, grads)]
+        second = [0.999 * v + 0.001 * g * g for v, g in zip(second, grads)]
+        rate = learning_rate * jnp.sqrt(1 - 0.999**count) / (1 - 0.9**count)
+        values = [
+            w - rate * m / (jnp.sqrt(v) + 1e-8)
+            for w, m, v in zip(values, first, second)
+        ]
+        return values, (first, second, count), loss
 
     positions = np.random.default_rng(seed).integers(
         0, ids.shape[1] - 2, size=steps
     )
     losses = []
-    for p in positions:
-        values, state, loss = step(values, state, jnp.int32(p))
-        losses.append(float(loss))
+    ordered = assistant.use_ordered_embeddings
+    assistant.use_ordered_embeddings = False
+    try:
+        for p in positions:
+            values, state, loss = step(values, state, jnp.int32(p))
+            losses.append(float(loss))
+    finally:
+        assistant.use_ordered_embeddings = ordered
     for variable, value in zip(trainable, values):
         variable.assign(value)
     return losses

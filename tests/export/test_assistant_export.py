@@ -3,9 +3,10 @@
 `keras_vllm/format/assistant.py`; served: `tests/serve/test_mtp_
 speculation.py`).
 
-About 25 s here (the trained `gemma4_e2b` target is shared with the
-serving modules; one target export, and `generate()` compiled twice:
-plain and speculative).
+About 35 s here, plus the `gemma4_e2b` fine-tune (~20 s) where no other
+module of the session ran it first: one target export, two assistant
+exports and `generate()` compiled twice (plain and speculative with a
+centroid head).
 """
 
 import numpy as np
@@ -29,7 +30,9 @@ FAMILY = "gemma4_e2b"
 def exported(tmp_path_factory):
     """The trained target's artifact and its assistant's."""
     target = trained(FAMILY)
-    assistant = testing.build_tiny_assistant(target)
+    # A centroid head, as the E2B / E4B assistants have (its ordering and
+    # router are stored too).
+    assistant = testing.build_tiny_assistant(target, ordered_embeddings=True)
     root = tmp_path_factory.mktemp("mtp")
     target_path = target.export_vllm(root / "target", golden_prompts=())
     path = keras_vllm.export_assistant(
@@ -117,6 +120,11 @@ def test_mtp_is_served_with_an_assistant_artifact_only(exported, tmp_path):
         speculation.check(artifact, {"speculative_config": config})
 
     check({"method": "mtp", "model": str(path), "num_speculative_tokens": 3})
+    with pytest.raises(ServingError, match="tensor_parallel_size=2"):
+        speculation.check(artifact, {"tensor_parallel_size": 2,
+                                     "speculative_config": {
+                                         "method": "mtp", "model": str(path),
+                                         "num_speculative_tokens": 3}})
     for model in (None, str(target_path), "google/gemma-4-E2B-it-assistant"):
         with pytest.raises(ServingError, match="export_assistant"):
             check({"method": "mtp", "model": model,
