@@ -140,3 +140,25 @@ def test_mtp_is_served_with_an_assistant_artifact_only(exported, tmp_path):
     with pytest.raises(ServingError, match="cannot draft for"):
         check({"method": "mtp", "model": str(foreign),
                "num_speculative_tokens": 3})
+
+
+def test_an_assistant_of_the_base_drafts_for_a_fine_tune(exported, tmp_path,
+                                                          caplog):
+    """An assistant exported for the base model (another artifact, the
+    same shape) is served with the fine-tuned target, with a log line:
+    drafts only change how many tokens a step yields (engine: an untrained
+    assistant, every draft rejected, output still `generate()`'s)."""
+    import logging
+
+    target, assistant, target_path, _ = exported
+    base = testing.build_tiny_causal_lm(FAMILY)
+    base_path = base.export_vllm(tmp_path / "base", golden_prompts=())
+    for_base = keras_vllm.export_assistant(
+        assistant, tmp_path / "base_assistant", target=base_path
+    )
+    artifact = keras_vllm.format.open_artifact(target_path)
+    with caplog.at_level(logging.INFO, logger="keras_vllm"):
+        speculation.check(artifact, {"speculative_config": {
+            "method": "mtp", "model": str(for_base),
+            "num_speculative_tokens": 3}})
+    assert "exported for another target artifact" in caplog.text

@@ -5,9 +5,9 @@ proposer; export and refusals without an engine:
 
 One engine for the module: the trained `gemma4_e2b` target (shared with
 the family modules' fine-tune) and a tiny assistant with a centroid head
-distilled from it (~10 s), exported both, 3 drafts a step. About 90 s here: distillation
-10 s, engine start ~40 s, the greedy check 29 s (with the Keras
-references' compiles), prompt logprobs 6 s.
+distilled from it (~10 s), exported both, 3 drafts a step. About 95 s here: the setup
+(distillation 10 s, exports, engine start) ~58 s, the greedy check 25 s
+(with the Keras references' compiles), prompt logprobs 5 s.
 """
 
 import pytest
@@ -56,8 +56,8 @@ def test_greedy_matches_generate_with_assistant_drafts(served):
     """The target's own tokens, with the assistant's drafts verified
     several a step: steps that rejected every draft, steps that accepted
     all 3 (the assistant's later drafts, fed its own projected state, are
-    right too) and, over the batch, a measured acceptance (0.50 of drafted
-    tokens on this fixture when written: 172 of 345)."""
+    right too) and, over the batch, a measured acceptance (a third of the
+    drafted tokens on this fixture when written: 140 of 420)."""
     target, engine = served
     outputs = serving_checks.check_greedy_matches_generate(engine, target)
     metrics = [o.outputs[0].spec_decode_metrics for o in outputs]
@@ -69,7 +69,7 @@ def test_greedy_matches_generate_with_assistant_drafts(served):
     # Shown with `pytest -s`: the figure docs/HANDOFF.md quotes.
     print(f"MTP acceptance: {accepted} of {drafted} drafted tokens, "
           f"{len(metrics)} requests, histograms {histograms}")
-    assert accepted / drafted > 0.25, (accepted, drafted, histograms)
+    assert accepted / drafted > 0.2, (accepted, drafted, histograms)
 
 
 def test_prompt_logprobs_match_forward_pass(served):
