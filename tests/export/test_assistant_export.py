@@ -162,3 +162,13 @@ def test_an_assistant_of_the_base_drafts_for_a_fine_tune(exported, tmp_path,
             "method": "mtp", "model": str(for_base),
             "num_speculative_tokens": 3}})
     assert "exported for another target artifact" in caplog.text
+
+
+def test_an_assistant_alone_is_refused_by_name(exported):
+    """`from_export`, `keras-vllm serve` and `vllm serve` on the assistant's
+    directory (one preflight: `serve/preflight.py`)."""
+    from keras_vllm.serve import preflight
+
+    with pytest.raises(ServingError, match="assistant artifact .* Serve the "
+                       "target with speculative_config"):
+        preflight.check(exported[3])
