@@ -31,14 +31,15 @@ from keras_vllm.errors import ArtifactError
 from keras_vllm.format.checksums import verify_files
 from keras_vllm.format.files import read_json
 from keras_vllm.format.files import safe_join
+from keras_vllm.format.names import ASSISTANT_ARCHITECTURE
+from keras_vllm.format.names import ASSISTANT_FORMAT_NAME
 from keras_vllm.format.names import CONFIG_FILE
 from keras_vllm.format.names import MANIFEST_FILE
 from keras_vllm.format.names import MAX_MANIFEST_BYTES
 from keras_vllm.format.names import MODEL_TYPE
 
-ASSISTANT_FORMAT = "keras_vllm_assistant"
+ASSISTANT_FORMAT = ASSISTANT_FORMAT_NAME
 ASSISTANT_FORMAT_VERSION = (1, 0)
-ASSISTANT_ARCHITECTURE = "KerasVllmAssistantForCausalLM"
 
 # How `weights/` names the stored variables: the backbone's by their
 # position in `hub.weights.ordered_variables` (`backbone/00012`: Keras'

@@ -172,3 +172,6 @@ def test_an_assistant_alone_is_refused_by_name(exported):
     with pytest.raises(ServingError, match="assistant artifact .* Serve the "
                        "target with speculative_config"):
         preflight.check(exported[3])
+    # Every model-artifact reader (`keras-vllm inspect`, `load_causal_lm`).
+    with pytest.raises(keras_vllm.ArtifactError, match="an assistant artifact"):
+        keras_vllm.format.open_artifact(exported[3])
