@@ -24,6 +24,8 @@ from keras_vllm.errors import UnsupportedModelError
 from keras_vllm.errors import VersionSkewError
 from keras_vllm.version import __version__
 from keras_vllm.export import export_vllm
+from keras_vllm.export.assistant import export_assistant
+from keras_vllm.load.assistant import load_assistant
 from keras_vllm.load import load_causal_lm
 from keras_vllm.load import load_tokenizer
 from keras_vllm import signing
@@ -48,7 +50,9 @@ __all__ = [
     "UnsupportedModelError",
     "VersionSkewError",
     "__version__",
+    "export_assistant",
     "export_vllm",
+    "load_assistant",
     "load_causal_lm",
     "load_tokenizer",
     "sign_artifact",

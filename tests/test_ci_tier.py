@@ -52,6 +52,9 @@ FEATURES = {
     "int8 routed experts": ["tests/serve/test_quantized_serving.py::test_greedy_matches_quantized_generate[mixtral-int8]"],
     "int8 hybrid (recurrent state)": ["tests/serve/test_quantized_serving.py::test_greedy_matches_quantized_generate[qwen3_5-int8]"],
     "live weight updates": ["tests/serve/test_weight_updates.py::"],
+    "MTP speculation (Gemma 4 assistant)": [
+        "tests/serve/test_mtp_speculation.py::",
+    ],
     "reload over HTTP": ["tests/serve/test_reload_endpoint.py::"],
     "images": ["tests/serve/test_serving_images.py::"],
     "images over HTTP": ["tests/serve/test_serving_images_http.py::"],

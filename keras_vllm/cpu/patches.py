@@ -309,7 +309,10 @@ def _patch_host_to_device_copies():
         def general_device_put(tensor, sharding, **kwargs):
             import jax
             import numpy as np
-            if _all_cpu(sharding.device_set):
+            # A bare `PartitionSpec` (tpu-inference's MTP proposer uploads
+            # with one) places on the enclosing mesh: this host's CPUs.
+            devices = getattr(sharding, "device_set", None)
+            if devices is None or _all_cpu(devices):
                 tensor = jax.tree.map(
                     lambda t: np.array(t, copy=True)
                     if isinstance(t, np.ndarray) else t, tensor)

@@ -119,9 +119,11 @@ def check_standalone(causal_lm):
             f"{_class_name(causal_lm)} is not a standalone text generator "
             "(its constructor takes no preprocessor: it runs alongside "
             "another model, e.g. as a speculative-decoding draft model), so "
-            "keras-vllm cannot export or serve it. Missing capability: "
-            "speculative decoding with a Keras draft model. Export the "
-            "target model instead."
+            "keras-vllm cannot export or serve it on its own. Missing "
+            "capability: serving a draft model alone. Export the target "
+            "model instead; a multi-token-prediction assistant "
+            "drafts for its exported target in speculative decoding through "
+            "`keras_vllm.export_assistant(assistant, path, target=...)`."
         )
 
 

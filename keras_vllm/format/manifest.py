@@ -28,6 +28,7 @@ from keras_vllm.format.checks import field as _field
 from keras_vllm.format.checks import invalid_unless as _expect
 from keras_vllm.format.checks import is_sha256
 from keras_vllm.format.quantization import QUANTIZED_VARIABLE_DTYPES
+from keras_vllm.format.names import ASSISTANT_FORMAT_NAME
 from keras_vllm.format.names import FORMAT_NAME
 from keras_vllm.format.names import FORMAT_VERSION
 from keras_vllm.format.names import GOLDEN_REFERENCES
@@ -162,6 +163,12 @@ def validate_manifest(manifest):
     """
     _expect(isinstance(manifest, dict), "the manifest must be a JSON object.")
     fmt = manifest.get("format")
+    _expect(
+        fmt != ASSISTANT_FORMAT_NAME,
+        "it is an assistant artifact (a speculative drafter, read by "
+        "`keras_vllm.load_assistant()`), not a model: pass the target "
+        "artifact, with the assistant as speculative_config's 'model'.",
+    )
     _expect(fmt == FORMAT_NAME, f"'format' must be '{FORMAT_NAME}'.")
     version = _field(manifest, "format_version", list, "manifest")
     _expect(

@@ -17,6 +17,11 @@ ARCHITECTURE = "KerasVllmForCausalLM"
 # finds a model's multimodal processor through its architecture's class.
 IMAGE_ARCHITECTURE = "KerasVllmForConditionalGeneration"
 TOKENIZER_MODE = "keras_vllm"
+# An assistant artifact (a speculative drafter bound to its target:
+# `format.assistant`): its manifest's `format` and its config's
+# architecture.
+ASSISTANT_FORMAT_NAME = "keras_vllm_assistant"
+ASSISTANT_ARCHITECTURE = "KerasVllmAssistantForCausalLM"
 
 MANIFEST_FILE = "manifest.json"
 CONFIG_FILE = "config.json"

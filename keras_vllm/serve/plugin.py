@@ -92,6 +92,15 @@ def register():
 
     # Artifacts that serve images (their processor is on this class).
     register_model(fmt.IMAGE_ARCHITECTURE, KerasVllmForConditionalGeneration)
+    from keras_vllm.format.assistant import ASSISTANT_ARCHITECTURE
+    from keras_vllm.serve.worker.assistant_model import (
+        KerasVllmAssistantForCausalLM,
+    )
+
+    # Assistant artifacts, drafting for their target (`method: "mtp"`).
+    register_model(ASSISTANT_ARCHITECTURE, KerasVllmAssistantForCausalLM)
+    # vLLM takes an assistant's config as an MTP drafter's.
+    hf_config.install()
     from keras_vllm.serve.worker import image_steps
 
     # Steps with images reach the model with their token ids.

@@ -25,6 +25,7 @@ from keras_vllm import envs
 from keras_vllm import format as fmt
 from keras_vllm import progress
 from keras_vllm.errors import ServingError
+from keras_vllm.format import assistant as assistant_format
 from keras_vllm.serve import speculation
 
 # vLLM needs room for at least one full sequence; tiny CPU models need far
@@ -94,6 +95,14 @@ def check(path, overrides=None, preset=None, public_key=None, deep=False,
     from keras_vllm.load.opening import open_verified
 
     path = os.path.abspath(os.fspath(path))
+    if assistant_format.is_assistant(path):
+        raise ServingError(
+            f"'{path}' is an assistant artifact (a speculative drafter): it "
+            "drafts for the target it was exported for and serves nothing "
+            "on its own. Serve the target with speculative_config="
+            f'{{"method": "mtp", "model": "{path}", '
+            '"num_speculative_tokens": 3}.'
+        )
     opened = open_verified(
         path, verbose=verbose, validate=False, public_key=public_key
     )

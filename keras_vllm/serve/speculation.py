@@ -4,11 +4,14 @@ vLLM takes speculative decoding as `speculative_config` (`vllm.LLM`,
 `KerasVllmEngine.from_export`) or `--speculative-config JSON` (also `-sc`,
 `--speculative-config.KEY VALUE`, `--spec-method`, `--spec-model`,
 `--spec-tokens`) on `vllm serve` and `keras-vllm serve`. tpu-inference 0.32
-drafts with n-gram prompt lookup, EAGLE-3, MTP or DFlash; of these only
-n-gram is model-agnostic. keras-vllm serves that one: the engine's target
-model verifies the drafts in one step, and with greedy sampling the output
-is the model's own, token for token (drafts only change how many tokens a
-step yields).
+drafts with n-gram prompt lookup, EAGLE-3, MTP or DFlash. keras-vllm serves
+n-gram (model-agnostic) and MTP with a keras-vllm assistant artifact
+(`keras_vllm.export_assistant()`: KerasHub's `Gemma4AssistantCausalLM`,
+drafting from the target's hidden states over the target's own KV caches;
+`serve/hf_config.py`, `serve/worker/assistant_model.py`). Either way the
+engine's target model verifies the drafts in one step, and with greedy
+sampling the output is the model's own, token for token (drafts only
+change how many tokens a step yields).
 
 `check()` refuses, before vLLM starts, what would not run or would change
 the output:
@@ -16,24 +19,26 @@ the output:
 - other methods, by name: a separate draft model (`draft_model`), which
   tpu-inference 0.32 does not run; EAGLE/EAGLE-3 and DFlash heads, which
   are tpu-inference's own flax drafters fed with auxiliary hidden states of
-  its own model classes (a keras-vllm model returns none); MTP, which is a
-  model's own multi-token-prediction layers (tpu-inference's `gemma4_mtp`
-  for Gemma 4's assistant: keras-vllm exports no drafter yet); and the
-  methods tpu-inference does not run at all (`medusa`, `mlp_speculator`,
-  `suffix`, `ngram_gpu`, `custom_class`, ...);
-- n-gram on an artifact whose layers write, for a token, something that
-  depends on more than the tokens up to it. A verify step runs the drafted
-  tokens through the model, and rejected drafts are only harmless where
-  what they wrote is never read: a recurrent state (the artifact's
+  its own model classes (a keras-vllm model returns none); MTP without a
+  keras-vllm assistant artifact as `model` (none, the target itself, a
+  Hugging Face checkpoint) or with one that does not fit the target
+  (`format.assistant.fit_problems`); and the methods tpu-inference does
+  not run at all (`medusa`, `mlp_speculator`, `suffix`, `ngram_gpu`,
+  `custom_class`, ...);
+- drafting (n-gram or MTP) on an artifact whose layers write, for a
+  token, something that depends on more than the tokens up to it. A
+  verify step runs the drafted tokens through the model, and rejected
+  drafts are only harmless where what they wrote is never read: a recurrent state (the artifact's
   `recurrent_state_layers`: Gated DeltaNet) absorbs every token of the step
   and tpu-inference keeps no per-draft copy to roll back to; keys rotated
   with factors chosen by the step's sequence length (Phi-3's "su" RoPE,
   the artifact's `prefix_caching: false`) change when the step also holds
   drafts. Both keyed on what the artifact declares, not on its family;
-- n-gram on an artifact that serves images: in a step that carries an
+- drafting on an artifact that serves images: in a step that carries an
   image, placeholder tokens attend to their run both ways, and a run of
   drafted placeholder tokens would too;
-- n-gram on a data-parallel engine (untested with keras-vllm models).
+- drafting on a data-parallel engine, and MTP with tensor parallelism
+  (untested with keras-vllm models).
 
 Per request (`keras_vllm.serve.frontend.sampling`): structured outputs on a
 speculating engine are refused (tpu-inference 0.32 applies one grammar row
@@ -47,9 +52,13 @@ from keras_vllm.errors import ServingError
 
 # The methods keras-vllm serves (tpu-inference's runner runs them and they
 # need nothing from the model but its logits).
-SERVED_METHODS = ("ngram",)
+SERVED_METHODS = ("ngram", "mtp")
 
 EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4}'
+MTP_EXAMPLE = (
+    '{"method": "mtp", "model": "exports/tuned_assistant", '
+    '"num_speculative_tokens": 3}'
+)
 
 _NOT_RUN = (
     "vLLM's TPU backend (tpu-inference 0.32) drafts with ngram, eagle3, "
@@ -65,12 +74,6 @@ _WHY_NOT = {
         "EAGLE heads are tpu-inference's own flax drafters, fed with "
         "auxiliary hidden states that only its own model classes return (a "
         "keras-vllm model returns none)"
-    ),
-    "mtp": (
-        "MTP drafts with a model's own multi-token-prediction layers, which "
-        "tpu-inference runs for its own model classes only (Gemma 4's "
-        "assistant, `Gemma4AssistantCausalLM`, is not exported by "
-        "keras-vllm yet)"
     ),
 }
 _WHY_NOT["eagle3"] = _WHY_NOT["dflash"] = _WHY_NOT["dspark"] = _WHY_NOT["eagle"]
@@ -129,14 +132,16 @@ def check(artifact, kwargs):
     if method is None:
         raise ServingError(
             f"speculative_config={config!r} names no method. keras-vllm "
-            f"serves n-gram speculation: {EXAMPLE}."
+            f"serves n-gram speculation: {EXAMPLE}, and MTP with an "
+            f"assistant artifact: {MTP_EXAMPLE}."
         )
     if method not in SERVED_METHODS:
         why = _WHY_NOT.get(method, f"'{method}' is not one of them: {_NOT_RUN}")
         raise ServingError(
             f"Speculative decoding method '{method}' cannot serve '{path}': "
             f"{why}. keras-vllm serves n-gram (prompt lookup) speculation "
-            f"with every artifact whose layers allow it: {EXAMPLE}, or serve "
+            f"with every artifact whose layers allow it: {EXAMPLE}; MTP with "
+            f"a keras-vllm assistant artifact: {MTP_EXAMPLE}; or serve "
             "without speculative_config."
         )
     tokens = config.get("num_speculative_tokens")
@@ -145,17 +150,54 @@ def check(artifact, kwargs):
             f"speculative_config needs 'num_speculative_tokens', the tokens "
             f"drafted per step (a positive integer), e.g. {EXAMPLE}."
         )
+    if method == "mtp":
+        _check_assistant(artifact, config.get("model"))
+        shards = int(kwargs.get("tensor_parallel_size") or 1)
+        if shards > 1:
+            raise ServingError(
+                f"MTP speculation cannot serve '{path}' with "
+                f"tensor_parallel_size={shards}: keras-vllm has not verified "
+                "its assistant drafting over sharded KV caches. Serve it "
+                "with MTP on one device, or with n-gram speculation: "
+                f"{EXAMPLE}."
+            )
     _check_layers(artifact)
     # Validated by `load.data_parallel.check_data_parallel` already.
     replicas = int(kwargs.get("data_parallel_size") or 1)
     if replicas > 1:
         raise ServingError(
-            f"n-gram speculation cannot serve '{path}' with "
+            f"Speculative decoding cannot serve '{path}' with "
             f"data_parallel_size={replicas}: keras-vllm has not verified "
             "tpu-inference 0.32's drafting across data-parallel replicas. "
             "Serve it speculating with data_parallel_size=1, or data-parallel "
             "without speculative_config."
         )
+
+
+def _check_assistant(artifact, model):
+    """Refuses MTP unless `model` is an assistant artifact that fits."""
+    from keras_vllm.errors import KerasVllmError
+    from keras_vllm.format import assistant as assistant_format
+    from keras_vllm.load.assistant import check_fits
+
+    path = artifact.path
+    if not isinstance(model, str) or not assistant_format.is_assistant(model):
+        raise ServingError(
+            f"MTP speculation on '{path}' drafts with a keras-vllm assistant "
+            f"artifact, and speculative_config's 'model' ({model!r}) is "
+            "none: export the assistant with "
+            "`keras_vllm.export_assistant(assistant, PATH, target=...)` and "
+            f"pass its directory, e.g. {MTP_EXAMPLE}, or use n-gram "
+            f"speculation: {EXAMPLE}."
+        )
+    try:
+        manifest, _ = assistant_format.read_assistant(model)
+    except KerasVllmError as e:
+        raise ServingError(
+            f"The assistant artifact '{model}' cannot draft for '{path}': "
+            f"{e}"
+        ) from None
+    check_fits(manifest, artifact.read_json(fmt.CONFIG_FILE), path, model)
 
 
 def _check_layers(artifact):
@@ -186,7 +228,7 @@ def _check_layers(artifact):
         )
     if why is not None:
         raise ServingError(
-            f"n-gram speculation would change what '{artifact.path}' "
+            f"Speculative decoding would change what '{artifact.path}' "
             f"generates: {why}. Serve it without speculative_config."
         )
 

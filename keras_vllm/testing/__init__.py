@@ -26,6 +26,7 @@ os.environ.setdefault("KERAS_NNX_ENABLED", "true")
 
 from keras_vllm.testing.data import corpus  # noqa: E402
 from keras_vllm.testing.data import prompts  # noqa: E402
+from keras_vllm.testing.assistants import build_tiny_assistant  # noqa: E402
 from keras_vllm.testing.models import FAMILIES  # noqa: E402
 from keras_vllm.testing.models import LLAMA3_1_ROPE_SCALING  # noqa: E402
 from keras_vllm.testing.models import PHI3_SU_ROPE_SCALING  # noqa: E402
@@ -47,6 +48,7 @@ __all__ = [
     "LLAMA3_1_ROPE_SCALING",
     "PHI3_SU_ROPE_SCALING",
     "backbone_class",
+    "build_tiny_assistant",
     "backbone_config",
     "build_tiny_causal_lm",
     "build_tiny_tokenizer",

@@ -45,8 +45,13 @@ def test_ngram_is_served_and_no_config_is_no_check():
      "auxiliary hidden states"),
     ({"method": "dflash", "model": "org/dflash", "num_speculative_tokens": 3},
      "auxiliary hidden states"),
-    ({"method": "mtp", "num_speculative_tokens": 1}, "Gemma4AssistantCausalLM"),
-    ({"method": "gemma4_mtp", "num_speculative_tokens": 1}, "'mtp'"),
+    # MTP drafts with a keras-vllm assistant artifact only (served:
+    # test_mtp_speculation.py; refusals with artifacts:
+    # tests/export/test_assistant_export.py).
+    ({"method": "mtp", "num_speculative_tokens": 1},
+     "keras_vllm.export_assistant"),
+    ({"method": "gemma4_mtp", "model": "google/gemma-4-E2B-it-assistant",
+      "num_speculative_tokens": 1}, "MTP speculation on"),
     ({"method": "suffix", "num_speculative_tokens": 4}, "'suffix' is not one"),
     ({"model": "my_pkg.MyProposer", "num_speculative_tokens": 4},
      "'custom_class'"),
@@ -182,3 +187,35 @@ def test_artifacts_that_serve_images_are_refused():
     with pytest.raises(ServingError, match="serves images"):
         speculation.check(images, {"speculative_config": NGRAM})
     speculation.check(images, {})
+
+
+def test_an_assistant_config_is_read_as_an_mtp_drafters():
+    """vLLM keeps `method: "mtp"` and shares the target's caches only for
+    its MTP draft model type: an assistant artifact's config gets it in
+    memory (`serve/hf_config.py`); other configs go to vLLM's own
+    override."""
+    from transformers import PretrainedConfig
+
+    from keras_vllm import format as fmt
+    from keras_vllm.format import assistant as assistant_format
+    from keras_vllm.serve import hf_config
+
+    hf_config.install()
+    from vllm.config.speculative import SpeculativeConfig
+
+    drafter = PretrainedConfig(architectures=[
+        assistant_format.ASSISTANT_ARCHITECTURE])
+    drafter.model_type = fmt.MODEL_TYPE
+    assert SpeculativeConfig.hf_config_override(drafter).model_type == (
+        "gemma4_mtp"
+    )
+    target = PretrainedConfig(architectures=[fmt.ARCHITECTURE])
+    target.model_type = fmt.MODEL_TYPE
+    assert SpeculativeConfig.hf_config_override(target).model_type == (
+        fmt.MODEL_TYPE
+    )
+    # What vLLM pickles into its engine process.
+    import pickle
+
+    assert pickle.loads(pickle.dumps(SpeculativeConfig.hf_config_override))
+
