@@ -224,13 +224,14 @@ def test_speculative_bench_acceptance_figures():
 
     # 10 verify steps drafting 4 each: 6 accepted all 4, 4 accepted none.
     cell = {"drafted": 40, "accepted": 24, "verify_steps": 10}
-    assert speculative._acceptance(cell) == ("60%", "3.40")
-    assert speculative._acceptance({"drafted": 0}) == ("no drafts", "-")
+    assert speculative.acceptance(cell) == ("60%", "3.40")
+    assert speculative.acceptance({"drafted": 0}) == ("no drafts", "-")
     # 3.4 tokens a verify step at 2x the plain rate: each step 1.7x as long.
-    assert speculative._step_ratio({"decode_tok_s": 10.0},
+    assert speculative.step_ratio({"decode_tok_s": 10.0},
                                    dict(cell, decode_tok_s=20.0)) == "1.70"
-    prompts = speculative._prompts(3, 100, seed=1)
+    draw = speculative._random_prompts(100)
+    prompts = draw(3, 1)
     assert [len(p["prompt_token_ids"]) for p in prompts] == [
         speculative.PROMPT_TOKENS] * 3
-    assert prompts == speculative._prompts(3, 100, seed=1)
+    assert prompts == draw(3, 1)
     assert max(max(p["prompt_token_ids"]) for p in prompts) < 100

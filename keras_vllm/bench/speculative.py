@@ -55,14 +55,18 @@ PROMPT_TOKENS = 32
 REPEATS = 3
 
 
-def _prompts(count, vocabulary, seed):
-    import numpy as np
+def _random_prompts(vocabulary):
+    def prompts(count, seed):
+        import numpy as np
 
-    rng = np.random.default_rng(seed)
-    return [
-        {"prompt_token_ids": rng.integers(0, vocabulary, PROMPT_TOKENS).tolist()}
-        for _ in range(count)
-    ]
+        rng = np.random.default_rng(seed)
+        return [
+            {"prompt_token_ids":
+             rng.integers(0, vocabulary, PROMPT_TOKENS).tolist()}
+            for _ in range(count)
+        ]
+
+    return prompts
 
 
 def _repeat_last_token(causal_lm):
@@ -85,8 +89,19 @@ def _run(engine, prompts, max_tokens):
     return time.perf_counter() - start, outputs
 
 
-def measure(path, vocabulary, new_tokens, concurrencies, speculative):
+def measure(path, vocabulary, new_tokens, concurrencies, speculative,
+            prompts=None):
     """Decode tokens/s (and acceptance) of one engine per concurrency.
+
+    Args:
+        path: the artifact.
+        vocabulary: prompts draw token ids below it.
+        new_tokens: tokens timed per request after the first.
+        concurrencies: requests per batch, one cell each.
+        speculative: a `speculative_config` dict, True for
+            `SPECULATIVE_CONFIG` (n-gram), or falsy for none.
+        prompts: `prompts(count, seed)` -> vLLM prompts; random token ids
+            by default.
 
     Returns:
         `{"start_seconds": the engine's cold start, concurrency:
@@ -101,7 +116,9 @@ def measure(path, vocabulary, new_tokens, concurrencies, speculative):
     )
     if speculative:
         kwargs.update(
-            speculative_config=SPECULATIVE_CONFIG,
+            speculative_config=(
+                SPECULATIVE_CONFIG if speculative is True else speculative
+            ),
             per_request_spec_decode_metrics="summary",
         )
     # A cold start, as a first start or CI's: compiled programs of the
@@ -119,8 +136,10 @@ def measure(path, vocabulary, new_tokens, concurrencies, speculative):
                 for tokens in runs:
                     # The same prompts for both engines of a workload.
                     seed = concurrency * 1000 + repeat * 10 + (tokens > 1)
-                    prompts = _prompts(concurrency, vocabulary, seed)
-                    runs[tokens].append(_run(engine, prompts, tokens))
+                    batch = (prompts or _random_prompts(vocabulary))(
+                        concurrency, seed
+                    )
+                    runs[tokens].append(_run(engine, batch, tokens))
             first = min(runs[1][1:], key=lambda run: run[0])[0]
             timed = runs[1 + new_tokens][1:]
             seconds = min(run[0] for run in timed)
@@ -153,7 +172,7 @@ def measure(path, vocabulary, new_tokens, concurrencies, speculative):
     return result
 
 
-def _acceptance(cell):
+def acceptance(cell):
     if not cell.get("drafted"):
         return "no drafts", "-"
     rate = cell["accepted"] / cell["drafted"]
@@ -161,7 +180,7 @@ def _acceptance(cell):
     return f"{rate:.0%}", f"{per_step:.2f}"
 
 
-def _step_ratio(plain, ngram):
+def step_ratio(plain, ngram):
     """A verify step's time over a plain step's, from the decode rates and
     the tokens a verify step yields (as if every step verified drafts)."""
     if not ngram.get("verify_steps"):
@@ -204,12 +223,12 @@ def main():
             same = sum(
                 a == b for a, b in zip(plain[c]["outputs"], ngram[c]["outputs"])
             )
-            rate, per_step = _acceptance(ngram[c])
+            rate, per_step = acceptance(ngram[c])
             rows.append([
                 workload, str(c), f"{plain[c]['decode_tok_s']:.1f}",
                 f"{ngram[c]['decode_tok_s']:.1f}",
                 f"{ngram[c]['decode_tok_s'] / plain[c]['decode_tok_s']:.2f}",
-                rate, per_step, _step_ratio(plain[c], ngram[c]),
+                rate, per_step, step_ratio(plain[c], ngram[c]),
                 f"{same}/{len(plain[c]['outputs'])}",
             ])
     print(f"\n--model {args.model}, {args.new_tokens} new tokens after a "
