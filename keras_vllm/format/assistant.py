@@ -28,6 +28,7 @@ Plain Python and JSON only (no JAX, Keras or vLLM).
 import os
 
 from keras_vllm.errors import ArtifactError
+from keras_vllm.format.checks import is_int
 from keras_vllm.format.checksums import verify_files
 from keras_vllm.format.files import read_json
 from keras_vllm.format.files import safe_join
@@ -35,11 +36,14 @@ from keras_vllm.format.names import ASSISTANT_ARCHITECTURE
 from keras_vllm.format.names import ASSISTANT_FORMAT_NAME
 from keras_vllm.format.names import CONFIG_FILE
 from keras_vllm.format.names import MANIFEST_FILE
+from keras_vllm.format.names import MAX_DIM
 from keras_vllm.format.names import MAX_MANIFEST_BYTES
 from keras_vllm.format.names import MODEL_TYPE
 
 ASSISTANT_FORMAT = ASSISTANT_FORMAT_NAME
 ASSISTANT_FORMAT_VERSION = (1, 0)
+# An assistant is a few layers; more in a manifest means it was altered.
+MAX_LAYERS = 256
 
 # How `weights/` names the stored variables: the backbone's by their
 # position in `hub.weights.ordered_variables` (`backbone/00012`: Keras'
@@ -141,6 +145,34 @@ def fit_problems(assistant_facts, facts):
     return problems
 
 
+def _facts_problem(facts):
+    """What is malformed in an assistant manifest's `facts` (what
+    `fit_problems` reads), or None: checked before anything compares
+    them, so an altered manifest is refused by name, not by a KeyError."""
+
+    def size(value):
+        return is_int(value) and 0 < value <= MAX_DIM
+
+    for key in ("backbone_hidden_size", "vocab_size"):
+        if not size(facts.get(key)):
+            return f"'{key}' must be a positive integer"
+    kinds = facts.get("layer_types")
+    if not (isinstance(kinds, list) and 0 < len(kinds) <= MAX_LAYERS and all(
+        isinstance(kind, str) and 0 < len(kind) < 64 for kind in kinds
+    )):
+        return "'layer_types' must be a short list of layer kinds"
+    caches = facts.get("kind_caches")
+    for kind in kinds:
+        cache = caches.get(kind) if isinstance(caches, dict) else None
+        if not (isinstance(cache, list) and len(cache) == 2
+                and all(size(n) for n in cache)):
+            return (
+                f"'kind_caches' must give [head size, KV heads] for every "
+                f"layer kind ('{kind}')"
+            )
+    return None
+
+
 def vllm_config(assistant_facts, backbone_config, dtype, max_len):
     """The assistant's neutral vLLM `config.json`."""
     kinds = assistant_facts["kind_caches"]
@@ -194,12 +226,19 @@ def read_assistant(directory, verify=True):
             f"{version}; this keras-vllm reads "
             f"{ASSISTANT_FORMAT_VERSION[0]}.x. Re-export it."
         )
-    for key in ("files", "target", "weights", "backbone", "causal_lm"):
+    for key in ("files", "target", "weights", "backbone", "causal_lm",
+                "facts"):
         if not isinstance(manifest.get(key), dict):
             raise ArtifactError(
                 f"'{path}': the assistant manifest has no '{key}' section. "
                 "It was altered or not written by keras-vllm; re-export it."
             )
+    problem = _facts_problem(manifest["facts"])
+    if problem:
+        raise ArtifactError(
+            f"'{path}': the assistant manifest's 'facts' {problem}. It was "
+            "altered or not written by keras-vllm; re-export it."
+        )
     if verify:
         verify_files(path, manifest)
     config = read_json(safe_join(path, CONFIG_FILE))

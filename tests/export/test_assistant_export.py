@@ -15,6 +15,7 @@ import pytest
 import keras_vllm
 from helpers.trained_models import trained
 from keras_vllm import testing
+from keras_vllm.errors import ArtifactError
 from keras_vllm.errors import ExportError
 from keras_vllm.errors import IntegrityError
 from keras_vllm.errors import ServingError
@@ -77,6 +78,34 @@ def test_an_altered_assistant_is_refused(exported, tmp_path):
     config = copy / keras_vllm.format.CONFIG_FILE
     config.write_text(config.read_text().replace('"vocab_size"', '"vocab_size" '))
     with pytest.raises(IntegrityError, match="config.json"):
+        assistant_format.read_assistant(copy)
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda facts: facts.clear(), "'backbone_hidden_size' must be"),
+    (lambda facts: facts.update(vocab_size="384"), "'vocab_size' must be"),
+    (lambda facts: facts.update(layer_types="full_attention"),
+     "'layer_types' must be"),
+    (lambda facts: facts["kind_caches"].popitem(), "'kind_caches' must give"),
+    (lambda facts: facts.update(kind_caches=[[16, 2]]),
+     "'kind_caches' must give"),
+])
+def test_an_altered_manifest_is_refused_by_name(exported, tmp_path, edit,
+                                                says):
+    # The manifest holds the files' checksums, not its own: what the fit
+    # checks read from it is validated before they compare it (a KeyError
+    # or TypeError deep in a serving preflight before). ~0.1 s each.
+    import json
+    import shutil
+
+    *_, path = exported
+    copy = tmp_path / "assistant"
+    shutil.copytree(path, copy)
+    manifest_file = copy / keras_vllm.format.MANIFEST_FILE
+    manifest = json.loads(manifest_file.read_text())
+    edit(manifest["facts"])
+    manifest_file.write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=says):
         assistant_format.read_assistant(copy)
 
 
