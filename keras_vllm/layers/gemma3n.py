@@ -35,6 +35,7 @@ from keras_hub.src.models.gemma3n.gemma3n_backbone import Gemma3nBackbone
 from keras_vllm.layers.common.base import KVCacheSpec
 from keras_vllm.layers.common.base import PagedAttention
 from keras_vllm.layers.common.registry import register_chat_template
+from keras_vllm.layers.common.registry import register_encoder_token_ids
 from keras_vllm.layers.common.registry import register_paged
 from keras_vllm.layers.common.registry import register_text_decoder
 from keras_vllm.layers.gemma import GEMMA_CHAT_TEMPLATE
@@ -118,6 +119,27 @@ def gemma3n_text_decoder(config):
     ):
         return None
     return dict(config, vision_encoder_config=None, audio_encoder_config=None)
+
+
+@register_encoder_token_ids(Gemma3nBackbone)
+def gemma3n_encoder_token_ids(config):
+    """The encoders' own "hard" token ids: the whole model embeds ids from
+    `vision_vocab_offset` up to the audio offset (or the vision vocabulary's
+    end) with its vision embedder, and ids from `audio_vocab_offset` on with
+    its audio embedder (keras-hub 0.32 `Gemma3nBackbone`), not its text
+    table. In the presets these lie inside the text vocabulary (offsets
+    262,144 and 262,272 of 262,400), e.g. `<image_soft_token>`."""
+    ranges = []
+    audio = config.get("audio_encoder_config") and config.get(
+        "audio_vocab_offset"
+    )
+    if config.get("vision_encoder_config"):
+        start = int(config["vision_vocab_offset"])
+        stop = audio or start + int(config["vision_vocab_size"])
+        ranges.append((start, int(stop)))
+    if audio:
+        ranges.append((int(audio), 2**31 - 1))
+    return ranges
 
 
 # Gemma 3n's instruction-tuned presets chat in Gemma's turns.

@@ -109,6 +109,10 @@ def register():
 
     # Requests setting what the backend would not apply are refused.
     sampling.install()
+    from keras_vllm.serve.frontend import encoder_tokens
+
+    # Prompts holding ids only an unserved encoder embeds are refused.
+    encoder_tokens.install()
     from keras_vllm.serve.worker import grammar_rows
 
     # Each structured request's grammar mask reaches its own batch slot.

@@ -230,6 +230,41 @@ def test_images_and_audio_are_refused_by_name(served, kind):
         assert name in message
 
 
+def test_ids_only_an_unserved_encoder_embeds_are_refused(served):
+    """A prompt holding a token id the whole Keras model embeds with an
+    encoder the artifact does not serve (Gemma 3n's image and audio
+    vocabularies) is refused by name before the engine (its text decoder
+    would embed it as text), and the engine serves on; an artifact that
+    serves its whole model refuses no id: the top of its vocabulary is
+    served. ~0.5 s a family."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    from keras_vllm import format as fmt
+    from keras_vllm.serve.frontend import encoder_tokens
+
+    family, model, engine = served
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    prompt = reference.prompt_token_ids(model, "the")
+    ranges = encoder_tokens.refused_ranges(engine.manifest)
+    if not fmt.unserved_inputs(engine.manifest):
+        assert ranges == []
+        top = engine.artifact.read_json(fmt.CONFIG_FILE)["vocab_size"] - 1
+        engine.generate([{"prompt_token_ids": prompt + [top]}], params,
+                        use_tqdm=False)
+        return
+    assert ranges, family
+    for start, _ in ranges:
+        with pytest.raises(VLLMValidationError) as raised:
+            engine.generate([{"prompt_token_ids": prompt + [start]}], params,
+                            use_tqdm=False)
+        assert f"token ids [{start}]" in str(raised.value)
+        assert "encoder keras-vllm does not serve" in str(raised.value)
+    served_again = engine.generate([{"prompt_token_ids": prompt}], params,
+                                   use_tqdm=False)
+    assert len(served_again[0].outputs[0].token_ids) == 2
+
+
 def test_engine_allocates_each_layers_cache(served):
     """vLLM allocates one cache per attention layer that has its own, in the
     shape that layer declares (head size and KV heads differ per layer in

@@ -196,3 +196,30 @@ def test_an_nnx_step_takes_every_weight_as_an_argument(causal_lm):
     weights = [c for c in program.consts if np.size(c) > 16]
     assert weights == []
     assert len(leaves) == len(causal_lm.backbone.weights)
+
+
+@pytest.mark.parametrize("encoders, ranges", [
+    # The E2B / E4B presets: 262,400 text ids, the vision vocabulary's 128
+    # from 262,144, the audio vocabulary's from 262,272 (inside the text
+    # table, so the served decoder would embed them as text).
+    ({"vision": True, "audio": True},
+     [(262144, 262272), (262272, 2**31 - 1)]),
+    ({"vision": True, "audio": False}, [(262144, 262272)]),
+    ({"vision": False, "audio": False}, []),
+])
+def test_ids_the_encoders_embed(encoders, ranges):
+    """The ids keras-hub's `Gemma3nBackbone` embeds with its vision and
+    audio embedders instead of its text table (what the serving front end
+    refuses: `serve/frontend/encoder_tokens.py`)."""
+    from keras_vllm.layers.common import registry
+
+    config = {
+        "vision_encoder_config": {"name": "v"} if encoders["vision"] else None,
+        "vision_vocab_offset": 262144,
+        "vision_vocab_size": 128,
+        "audio_encoder_config": {"name": "a"} if encoders["audio"] else None,
+        "audio_vocab_offset": 262272,
+        "audio_vocab_size": 128,
+    }
+    backbone_cls = testing.backbone_class("gemma3n")
+    assert registry.encoder_token_ids(backbone_cls, config) == ranges

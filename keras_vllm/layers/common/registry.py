@@ -28,6 +28,7 @@ _PAGED_CLASSES = {}
 _TEXT_DECODERS = {}
 _RAW_KERNEL_READERS = {}
 _MISSING_CAPABILITIES = {}
+_ENCODER_TOKEN_IDS = {}
 
 
 def register_paged(base_cls):
@@ -193,3 +194,40 @@ def missing_capabilities(backbone):
     registered nothing)."""
     fn = _MISSING_CAPABILITIES.get(type(backbone))
     return None if fn is None else list(fn(backbone))
+
+
+def register_encoder_token_ids(backbone_cls):
+    """Function decorator: the token ids a backbone's encoders embed.
+
+    A model exported with encoders it does not serve (its text decoder is
+    served) may embed some token ids through an encoder's own embedder;
+    the served decoder embeds them from its text table instead, so a prompt
+    holding one would be served differently, and is refused. The decorated
+    function takes the backbone's `get_config()` and returns half-open
+    `(start, stop)` id ranges (empty when the config has no encoders).
+
+    Args:
+        backbone_cls: the KerasHub backbone class (exact class match).
+
+    Example:
+
+    ```python
+    @register_encoder_token_ids(Gemma3nBackbone)
+    def gemma3n_encoder_ids(config):
+        offset = config["vision_vocab_offset"]
+        return [(offset, offset + config["vision_vocab_size"])]
+    ```
+    """
+
+    def decorator(fn):
+        _ENCODER_TOKEN_IDS[backbone_cls] = fn
+        return fn
+
+    return decorator
+
+
+def encoder_token_ids(backbone_cls, config):
+    """The `(start, stop)` id ranges the family registered for a backbone
+    of `backbone_cls` with this config (none when it registered nothing)."""
+    fn = _ENCODER_TOKEN_IDS.get(backbone_cls)
+    return [] if fn is None else [tuple(r) for r in fn(config)]
