@@ -129,6 +129,7 @@ def measure(path, vocabulary, new_tokens, concurrencies, speculative,
         path, verbose=False, **kwargs
     )
     result = {"start_seconds": time.perf_counter() - start}
+    draw = prompts or _random_prompts(vocabulary)
     try:
         for concurrency in concurrencies:
             runs = {1: [], 1 + new_tokens: []}
@@ -136,9 +137,7 @@ def measure(path, vocabulary, new_tokens, concurrencies, speculative,
                 for tokens in runs:
                     # The same prompts for both engines of a workload.
                     seed = concurrency * 1000 + repeat * 10 + (tokens > 1)
-                    batch = (prompts or _random_prompts(vocabulary))(
-                        concurrency, seed
-                    )
+                    batch = draw(concurrency, seed)
                     runs[tokens].append(_run(engine, batch, tokens))
             first = min(runs[1][1:], key=lambda run: run[0])[0]
             timed = runs[1 + new_tokens][1:]
