@@ -24,7 +24,7 @@ host fails, in this order (tpu-inference 0.32.0, jax 0.11.2):
    copies instead; see `disable_async_scheduling_if_cpu`.
 6. Linear-attention (Gated DeltaNet) layers call
    `GDNLinearAttentionBackend.conv1d_gdn_kernel()`, the GDN v3 Pallas kernel;
-   `_patch_gdn_kernel` gives the pure-JAX `keras_vllm.cpu.gated_delta_rule`
+   `_patch_gdn_kernel` gives the portable `keras_vllm.layers.common.gated_delta_rule`
    on CPU.
 7. With `TPU_MULTIHOST_BACKEND=ray`, nothing joins the Ray workers' JAX
    processes into one program (libtpu does it on a TPU slice):
@@ -212,7 +212,7 @@ def _patch_gdn_kernel():
     from tpu_inference.layers.common.attention_backend import \
         GDNLinearAttentionBackend
 
-    from keras_vllm.cpu import gated_delta_rule
+    from keras_vllm.layers.common import gated_delta_rule
 
     def cpu_aware(original):
         def conv1d_gdn_kernel(self):

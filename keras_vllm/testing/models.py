@@ -73,11 +73,34 @@ def backbone_class(family):
     return getattr(keras_hub.models, SPECS[family][0] + "Backbone")
 
 
+# Families whose own preprocessor asserts TensorFlow in its constructor
+# (keras-hub 0.32), even for text only.
+_TENSORFLOW_PREPROCESSORS = ("gemma4", "gemma4_e2b", "gemma3n")
+
+
+def _keras_hub_has_tensorflow():
+    """Whether keras-hub runs with TensorFlow in this process: the check
+    keras-hub's own `assert_tf_installed` makes."""
+    from keras_hub.src.utils import tensor_utils
+
+    return tensor_utils.tf is not None
+
+
 def _preprocessor_class(family):
     if family == "gemma3":
         # `Gemma3CausalLMPreprocessor` needs TensorFlow (its constructor
         # asserts it), and a preset saved with it cannot be loaded without
         # TensorFlow. The generic preprocessor handles text-only Gemma 3.
+        return keras_hub.models.CausalLMPreprocessor
+    if family in _TENSORFLOW_PREPROCESSORS and not _keras_hub_has_tensorflow():
+        # Gemma 4's and Gemma 3n's preprocessors assert TensorFlow too, and
+        # some hosts (the TPU tier's) have none, or keras-hub was imported
+        # without it to serve. Without converters their text-only path is
+        # the generic one's: the start token, no end token in
+        # `generate_preprocess`, right padding with the pad id; training
+        # here bypasses preprocessors (`fine_tune`). Where TensorFlow is
+        # available the family's own class stays, so exports record it as
+        # a user's would.
         return keras_hub.models.CausalLMPreprocessor
     return getattr(
         keras_hub.models, SPECS[family][0] + "CausalLMPreprocessor"
@@ -99,7 +122,9 @@ def build_tiny_causal_lm(
     backbone and task classes, and is compiled with the greedy sampler.
     Text-only Gemma 3 uses the generic
     `keras_hub.models.CausalLMPreprocessor`, which, unlike
-    `Gemma3CausalLMPreprocessor`, needs no TensorFlow.
+    `Gemma3CausalLMPreprocessor`, needs no TensorFlow; so do Gemma 4 and
+    Gemma 3n where keras-hub runs without TensorFlow (their own
+    preprocessors assert it), with the same text-only tokens.
 
     The model is called once eagerly before it is returned, which builds all
     its layers (Bloom's `AlibiBias` must be built outside of any NNX trace).

@@ -120,13 +120,19 @@ def served_fixture(families):
     return served
 
 
-def start_family_engine(family, directory, **engine_kwargs):
-    """`family`'s trained model and an engine serving it (`SERVED_MODELS`,
-    with `ENGINE_KWARGS` and `engine_kwargs`), exported to `directory`."""
-    model = trained(family)
-    exported = SERVED_MODELS.get(family, lambda m: m)(model)
+def start_family_engine(
+    family, directory, overrides=None, phases=None, **engine_kwargs
+):
+    """`family`'s trained model (its `VARIANTS` entry plus `overrides`) and
+    an engine serving it (`SERVED_MODELS`, with `ENGINE_KWARGS` and
+    `engine_kwargs`), exported to `directory`; each step's seconds in
+    `phases` when it is a dict."""
+    with serving_checks.timed_phase(phases, "model"):
+        model = trained(family, **(overrides or {}))
+        exported = SERVED_MODELS.get(family, lambda m: m)(model)
     engine = serving_checks.start_engine(
-        exported, directory, **ENGINE_KWARGS.get(family, {}), **engine_kwargs
+        exported, directory, phases=phases,
+        **ENGINE_KWARGS.get(family, {}), **engine_kwargs,
     )
     return model, engine
 

@@ -5,6 +5,8 @@ scheduling, sized by `engine_shapes`) on a fine-tuned tiny model's artifact
 and compares it with `CausalLM.generate()` and with the full forward pass.
 """
 
+import contextlib
+import time
 import weakref
 
 import pytest
@@ -109,19 +111,37 @@ def expected_batch(greedy, causal_lm, prompt_ids, new_tokens, stops=()):
     return [memo[key(ids)] for ids in prompt_ids]
 
 
-def start_engine(causal_lm, directory, **engine_kwargs):
+def start_engine(causal_lm, directory, phases=None, **engine_kwargs):
     """Exports `causal_lm` and starts an engine sized to the serving checks
-    (`engine_shapes.ENGINE_KWARGS`, unless `engine_kwargs` say otherwise)."""
+    (`engine_shapes.ENGINE_KWARGS`, unless `engine_kwargs` say otherwise).
+    With a dict as `phases`, the seconds of the export and of the engine's
+    start go in it (the TPU tier's rows)."""
     import keras_vllm
 
-    path = causal_lm.export_vllm(
-        directory,
-        max_sequence_length=256,
-        golden_prompts=testing.prompts()[:2],
-    )
-    return keras_vllm.KerasVllmEngine.from_export(
-        path, **(engine_shapes.ENGINE_KWARGS | engine_kwargs)
-    )
+    with timed_phase(phases, "export"):
+        path = causal_lm.export_vllm(
+            directory,
+            max_sequence_length=256,
+            golden_prompts=testing.prompts()[:2],
+        )
+    with timed_phase(phases, "engine_start"):
+        return keras_vllm.KerasVllmEngine.from_export(
+            path, **(engine_shapes.ENGINE_KWARGS | engine_kwargs)
+        )
+
+
+@contextlib.contextmanager
+def timed_phase(phases, name):
+    """Adds the seconds the block takes to `phases[name]` (no-op for
+    None)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if phases is not None:
+            phases[name] = round(
+                phases.get(name, 0.0) + time.perf_counter() - start, 1
+            )
 
 
 def check_greedy_matches_generate(

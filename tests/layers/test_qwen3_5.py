@@ -219,7 +219,7 @@ def test_one_token_prompt_in_a_decode_step_starts_from_a_fresh_state(patched):
     decode path and reads the slot as it is. The CPU kernel zeroes new
     requests' conv windows first: the output equals a run on zeroed state,
     whatever a finished request left in the slot."""
-    from keras_vllm.cpu.gated_delta_rule import conv1d_gdn
+    from keras_vllm.layers.common.gated_delta_rule import conv1d_gdn
 
     n_kq, n_v, d_k, d_v, kernel = 1, 2, 4, 4, 4
     dim = 2 * n_kq * d_k + n_v * d_v

@@ -62,7 +62,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import jax
 import numpy as np
 from tpu_inference.layers.common.gdn_attention import run_jax_gdn_attention
-from keras_vllm.cpu.gated_delta_rule import conv1d_gdn
+from keras_vllm.layers.common.gated_delta_rule import conv1d_gdn
 from keras_vllm.layers.common.state_sharding import per_shard_order
 
 nk, nv, dk, dv, kernel, tokens = 2, 4, 8, 8, 4, 7

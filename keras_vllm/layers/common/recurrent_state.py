@@ -11,8 +11,9 @@ A layer kind with recurrent state declares what it needs with
 `state_spec()` (next to attention layers' `kv_cache_spec()`); its paged
 `call` runs the whole flat batch (prefills, chunked-prefill continuations
 and decodes together) with `paged_gated_delta_rule`, which calls
-tpu-inference's op (`run_jax_gdn_attention`: the Pallas kernel on TPU,
-`keras_vllm.cpu.gated_delta_rule` on CPU devices).
+tpu-inference's op (`run_jax_gdn_attention`) with the kernel
+`gated_delta_rule.kernel_for` picks: tpu-inference's Pallas kernel on a TPU
+for the head sizes it takes, the portable JAX one elsewhere.
 
 Nothing here names a model family.
 """
@@ -21,6 +22,7 @@ import dataclasses
 
 from keras import ops
 
+from keras_vllm.layers.common import gated_delta_rule
 from keras_vllm.layers.common.context import require_context
 from keras_vllm.layers.common.state_sharding import check_heads_split
 from keras_vllm.layers.common.state_sharding import per_shard_order
@@ -162,6 +164,9 @@ class PagedRecurrentState:
             d_v=value_head_dim,
             kernel_size=kernel_size,
             mesh=mesh,
+            conv1d_gdn_kernel=gated_delta_rule.kernel_for(
+                key_head_dim, value_head_dim
+            ),
         )
         context.write_cache(self.kv_layer_index, (new_conv, new_recurrent))
         return out

@@ -1,17 +1,84 @@
-"""The gated delta rule (Gated DeltaNet linear attention) on JAX CPU devices.
+"""The fused conv1d + gated delta rule (Gated DeltaNet) kernel a layer runs.
 
 tpu-inference 0.32 runs linear-attention layers through
-`layers/common/gdn_attention.py::run_jax_gdn_attention`, whose per-shard
-kernel (`GDNLinearAttentionBackend.conv1d_gdn_kernel()`, the GDN v3 fused
-conv1d + delta-rule kernel) is Pallas and runs on TPU only.
-`keras_vllm.cpu.patches` makes that backend return `conv1d_gdn` below on
-CPU: the same signature, composed of tpu-inference's own pure-JAX
-references (`layers/common/ragged_conv1d_jax.py::ragged_conv1d` and
+`layers/common/gdn_attention.py::run_jax_gdn_attention`, which shard-maps a
+per-shard kernel: by default the GDN v3 fused conv1d + delta-rule Pallas
+kernel (`GDNLinearAttentionBackend.conv1d_gdn_kernel()`), which runs on a
+TPU only and, there, only for head sizes that are whole multiples of the
+chip's 128 lanes: its chunked (prefill) path splits each head into
+128-lane columns (`kernels/gdn/v3/vmem_ldst.py::load_as_qkv_large`), and a
+16-wide head has none: `ValueError: Need at least one array to
+concatenate`, deep inside an engine step.
+
+`conv1d_gdn` below is a portable kernel with the same signature, composed
+of tpu-inference's own pure-JAX references
+(`layers/common/ragged_conv1d_jax.py::ragged_conv1d` and
 `kernels/gdn/reference/ragged_gated_delta_rule_ref.py::
 ragged_gated_delta_rule`), which read and write each request's state slot
 over vLLM's flat ragged batch (decodes, prefills and chunked-prefill
-continuations in one step).
+continuations in one step). It runs on any JAX device; `kernel_for` picks
+it wherever the Pallas kernel cannot run the layer's shapes (JAX CPU
+devices, and head sizes the Pallas kernel does not take), and the Pallas
+kernel everywhere else (every Qwen 3.5 preset: 128-wide heads).
 """
+
+import logging
+
+logger = logging.getLogger("keras_vllm")
+
+# Lanes of a TPU vector register (every generation tpu-inference supports);
+# asked of the chip where one is visible.
+_DEFAULT_LANES = 128
+_warned = set()
+
+
+def pallas_takes(key_head_dim, value_head_dim, lanes=_DEFAULT_LANES):
+    """Whether the GDN v3 Pallas kernel runs heads of these sizes: each a
+    whole number of `lanes`-wide columns."""
+    return key_head_dim % lanes == 0 and value_head_dim % lanes == 0
+
+
+def kernel_for(key_head_dim, value_head_dim):
+    """The per-shard kernel for `run_jax_gdn_attention`'s
+    `conv1d_gdn_kernel`: None (tpu-inference's default, the Pallas kernel)
+    on a TPU for head sizes it takes, else the portable `conv1d_gdn`.
+
+    Decided at trace time from JAX's default backend, like the choice of
+    attention kernel. The fallback on a TPU is logged once per head shape:
+    it is correct but runs the delta rule token by token.
+
+    Args:
+        key_head_dim: int. The width of a key (and query) head.
+        value_head_dim: int. The width of a value head.
+
+    Returns:
+        None, or `conv1d_gdn`.
+    """
+    import jax
+
+    if jax.default_backend() != "tpu":
+        return conv1d_gdn
+    if pallas_takes(key_head_dim, value_head_dim, _tpu_lanes()):
+        return None
+    shape = (key_head_dim, value_head_dim)
+    if shape not in _warned:
+        _warned.add(shape)
+        logger.warning(
+            "keras-vllm: linear-attention heads of %d (key) and %d (value) "
+            "dims: tpu-inference's GDN Pallas kernel takes multiples of %d "
+            "only, so these layers run the portable JAX gated delta rule "
+            "(exact, slower).", key_head_dim, value_head_dim, _tpu_lanes(),
+        )
+    return conv1d_gdn
+
+
+def _tpu_lanes():
+    from jax.experimental.pallas import tpu as pltpu
+
+    try:
+        return int(pltpu.get_tpu_info().num_lanes)
+    except Exception:  # an older JAX without the query: every TPU has 128
+        return _DEFAULT_LANES
 
 
 def has_initial_state(query_start_loc, seq_lens):
