@@ -177,11 +177,22 @@ def stored_values(backbone, artifact, dtype=None):
 def cast_values(variables, restored):
     """`[(variable, value)]` for the restored `{path: array}` of matched
     `variables`, cast only when the caller asked for another dtype."""
+    import jax
+    import numpy as np
+
     values = []
     for var_path, variable in variables.items():
         value = restored[var_path]
         if str(value.dtype) != variable.dtype:
-            value = value.astype(variable.dtype)
+            # On the host: orbax restored the arrays onto the CPU device,
+            # and an engine builds its model inside tpu-inference's device
+            # mesh, where a JAX op on a CPU array is refused on a TPU
+            # ("Received incompatible devices": a float32 artifact served
+            # in bfloat16). numpy rounds as JAX does (to nearest even); the
+            # result goes back where the restored array was.
+            cast = np.asarray(value).astype(variable.dtype)
+            sharding = getattr(value, "sharding", None)
+            value = cast if sharding is None else jax.device_put(cast, sharding)
         values.append((variable, value))
     return values
 

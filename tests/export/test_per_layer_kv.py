@@ -152,7 +152,11 @@ def test_context_routes_shared_layers_and_counts_writes():
     context.write_cache(0, "a2")
     context.write_cache(1, "b2")
     assert context.read_cache(2) == "b2"
-    context.mark_read(2)
+    # The sharing layer's kernel returns the cache it read (aliased,
+    # unchanged); the step hands that on, so XLA updates in place instead
+    # of copying the cache first (an out-of-memory error on a TPU).
+    context.mark_read(2, passed_on="b2 via layer 2")
+    assert context.kv_caches == ["a2", "b2 via layer 2"]
     context.check_all_used_once()
     twice = ServingContext(["a"], None, None, cache_of_layer=[0, 0])
     twice.write_cache(0, "x")

@@ -202,7 +202,7 @@ class PagedAttention:
         if update_kv_cache:
             context.write_cache(layer, new_cache)
         else:
-            context.mark_read(layer)
+            context.mark_read(layer, passed_on=new_cache)
         return ops.cast(out[:, None], query.dtype)
 
 

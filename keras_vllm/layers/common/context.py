@@ -159,10 +159,24 @@ class ServingContext:
         self.calls[layer] += 1
         self.writes[index] += 1
 
-    def mark_read(self, layer):
-        """Records that a layer sharing another's cache ran (no write)."""
-        self._index(layer)
+    def mark_read(self, layer, passed_on=None):
+        """Records that a layer sharing another's cache ran (no write).
+
+        Args:
+            layer: the sharing layer's index.
+            passed_on: the cache the layer's kernel returned for the one it
+                read, unchanged, if any. It replaces the source's entry:
+                tpu-inference's attention kernel aliases its cache input to
+                that output even when it writes nothing, so if the step
+                kept the input instead, XLA would first copy the whole
+                cache, once per sharing layer (on a TPU, where the caches
+                fill most of the chip's memory: out of memory in the first
+                step, seen with Gemma 3n).
+        """
+        index = self._index(layer)
         self.calls[layer] += 1
+        if passed_on is not None:
+            self.kv_caches[index] = passed_on
 
     def check_all_used_once(self):
         """Fails loudly if a layer was skipped or ran twice in one step, or
