@@ -42,12 +42,21 @@ def construct(cls, config, role):
         with _safe_mode():
             return cls.from_config(config)
     except Exception as e:  # Keras and keras-hub raise many types
+        if "tensorflow" in str(e).lower() and not _tensorflow_installed():
+            # A class that asserts TensorFlow in its constructor (keras-hub
+            # 0.32's Gemma 3 / 3n / 4 preprocessors) on a host without it
+            # (the TPU machines this project serves on have none).
+            raise ArtifactError(
+                f"{cls.__name__} needs TensorFlow (its keras-hub constructor "
+                "asserts it), which is not installed here. Install "
+                "tensorflow to rebuild the Keras model; serving the artifact "
+                "(KerasVllmEngine.from_export, vllm serve) needs none."
+            ) from None
         if "tensorflow" in str(e).lower() and (
             imports.imported_without_tensorflow()
         ):
-            # A class that asserts TensorFlow in its constructor (a few
-            # keras-hub preprocessors) in a process that imported keras-hub
-            # for serving.
+            # The same class in a process that imported keras-hub for
+            # serving, without TensorFlow.
             raise ArtifactError(
                 f"{cls.__name__} needs TensorFlow, and this process imported "
                 "keras-hub without it to serve. Set "
@@ -59,6 +68,12 @@ def construct(cls, config, role):
             f"({type(e).__name__}: {str(e)[:300]}). The manifest was altered "
             "or written by another keras-hub; re-export the model."
         ) from None
+
+
+def _tensorflow_installed():
+    import importlib.util
+
+    return importlib.util.find_spec("tensorflow") is not None
 
 
 def _same_config(a, b):

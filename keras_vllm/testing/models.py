@@ -94,13 +94,15 @@ def _preprocessor_class(family):
         return keras_hub.models.CausalLMPreprocessor
     if family in _TENSORFLOW_PREPROCESSORS and not _keras_hub_has_tensorflow():
         # Gemma 4's and Gemma 3n's preprocessors assert TensorFlow too, and
-        # some hosts (the TPU tier's) have none, or keras-hub was imported
-        # without it to serve. Without converters their text-only path is
-        # the generic one's: the start token, no end token in
-        # `generate_preprocess`, right padding with the pad id; training
-        # here bypasses preprocessors (`fine_tune`). Where TensorFlow is
-        # available the family's own class stays, so exports record it as
-        # a user's would.
+        # the TPU tier's host has none (nor does a serving process, which
+        # imports keras-hub without it). Without converters they prepare
+        # text as the generic one does: the start token, no end token in
+        # `generate_preprocess`, the pad id after the prompt, so the same
+        # ids and `generate()` tokens. They differ in `__call__` (their
+        # `{"prompts", "responses"}` input, which `fine_tune` bypasses) and
+        # in keeping `<start_of_image>`-like markers in detokenized text.
+        # Where TensorFlow runs, the family's own class stays, so exports
+        # record it as a user's would.
         return keras_hub.models.CausalLMPreprocessor
     return getattr(
         keras_hub.models, SPECS[family][0] + "CausalLMPreprocessor"

@@ -145,9 +145,11 @@ def timed_phase(phases, name):
 
 
 def check_greedy_matches_generate(
-    engine, causal_lm, greedy=reference.greedy_continuation
+    engine, causal_lm, greedy=reference.greedy_continuation, phases=None
 ):
     """`greedy` computes the expected tokens (default: `generate()`'s).
+    With a dict as `phases`, the seconds of Keras' reference and of the
+    engine's requests go in it.
 
     Returns:
         The engine's outputs (vLLM `RequestOutput`s).
@@ -155,11 +157,15 @@ def check_greedy_matches_generate(
     from vllm import SamplingParams
 
     prompts = serving_prompts()
-    expected = expected_batch(greedy, causal_lm, _ids(causal_lm, prompts), NEW_TOKENS)
+    with timed_phase(phases, "greedy_keras"):
+        expected = expected_batch(
+            greedy, causal_lm, _ids(causal_lm, prompts), NEW_TOKENS
+        )
     params = SamplingParams(
         temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True
     )
-    outputs = engine.generate(prompts, params)
+    with timed_phase(phases, "greedy_engine"):
+        outputs = engine.generate(prompts, params)
     mismatches = []
     for text, out, want in zip(prompts, outputs, expected):
         assert out.prompt_token_ids == reference.prompt_token_ids(

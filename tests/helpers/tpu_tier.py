@@ -12,9 +12,12 @@ checks: each compares the engine with Keras running the same weights on
 the chip.
 """
 
+import contextlib
 import json
 import os
 import sys
+import time
+import traceback
 
 from helpers import family_serving
 
@@ -41,6 +44,21 @@ def report(row):
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(row, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def reported(row):
+    """Runs a case's checks, then reports `row` with the case's seconds
+    (and the end of the traceback as `row["error"]` if they raised)."""
+    start = time.perf_counter()
+    try:
+        yield row
+    except BaseException:
+        row["error"] = traceback.format_exc()[-1500:]
+        raise
+    finally:
+        row["seconds"] = round(time.perf_counter() - start, 1)
+        report(row)
 
 
 def use_carried_fine_tunes():
