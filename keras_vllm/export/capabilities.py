@@ -49,7 +49,7 @@ def extra_inputs(backbone):
     return [n for n in backbone_input_names(backbone) if n not in TEXT_INPUTS]
 
 
-def _takes_preprocessor(cls):
+def takes_preprocessor(cls):
     """Whether a `CausalLM` class's constructor takes a `preprocessor` (an
     unreadable signature counts as yes)."""
     try:
@@ -88,7 +88,7 @@ def preset_causal_lm_class(preset):
         cls
         for cls in preset_utils.list_subclasses(keras_hub.models.CausalLM)
         if getattr(cls, "backbone_cls", None) is backbone_cls
-        and _takes_preprocessor(cls)
+        and takes_preprocessor(cls)
     ]
     if len(standalone) == 1:
         return standalone[0]
@@ -114,7 +114,7 @@ def check_standalone(causal_lm):
             "Missing capability: encoder-decoder (cross-attention) serving; "
             "keras-vllm serves decoder-only CausalLMs."
         )
-    if not _takes_preprocessor(type(causal_lm)):
+    if not takes_preprocessor(type(causal_lm)):
         raise UnsupportedModelError(
             f"{_class_name(causal_lm)} is not a standalone text generator "
             "(its constructor takes no preprocessor: it runs alongside "

@@ -4,6 +4,9 @@
   the export method;
 - a record of the preset each model was loaded from, so an export can
   reference it without the user repeating the handle;
+- a fixed choice of the class `CausalLM.from_preset` builds where several
+  share a backbone (`keras_vllm.export.preset_classes`: keras-hub's
+  choice varies from process to process);
 - the fixes of keras-hub layers listed in
   `keras_vllm.layers.keras_hub_fixes.FIXES`, each installed when keras-hub
   imports the module that defines the layers (before any model is built).
@@ -20,6 +23,7 @@ import importlib.util
 import sys
 
 from keras_vllm import patching
+from keras_vllm.export import preset_classes
 from keras_vllm.layers.keras_hub_fixes import FIXES
 
 _INSTALLED = False
@@ -69,7 +73,11 @@ def _install_now():
 
 def _hooks():
     """`{module name: function of the module}` to run once it is loaded."""
-    return {_TARGET: lambda module: _install_now(), **FIXES}
+    return {
+        _TARGET: lambda module: _install_now(),
+        preset_classes.KERAS_HUB_MODULE: preset_classes.install,
+        **FIXES,
+    }
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
