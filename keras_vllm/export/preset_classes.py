@@ -25,7 +25,7 @@ imports `preset_utils`, `keras_vllm.export.keras_hub_hooks`):
   choice is the same in every process;
 - `find_subclass`, when several classes share the backbone, takes the one
   the preset names (a Keras preset's `task.json`; a Hugging Face
-  checkpoint whose architecture keras-hub converts as a drafter), else the
+  checkpoint's architecture, by keras-hub's naming), else the
   first one that generates on its own (its constructor takes a
   `preprocessor`), else keras-hub's first. A backbone with one class, and
   a class asked for by name (`Gemma4AssistantCausalLM.from_preset(...)`),
@@ -42,11 +42,6 @@ from keras_vllm.export.capabilities import takes_preprocessor
 
 # The keras-hub module these fixes apply to.
 KERAS_HUB_MODULE = "keras_hub.src.utils.preset_utils"
-
-# Hugging Face architectures keras-hub converts as a drafter: the same
-# test as keras-hub's own (`TransformersPresetLoader.load_task`).
-HF_DRAFTER_ARCHITECTURES = ("Gemma4AssistantForCausalLM",)
-
 
 def _in_registration_order(list_subclasses):
 
@@ -77,9 +72,14 @@ def _named_class(preset_utils, preset):
     return keras.saving.get_registered_object(name) if name else None
 
 
-def _wants_drafter(config):
-    architectures = config.get("architectures") or [None]
-    return architectures[0] in HF_DRAFTER_ARCHITECTURES
+def _architecture_class(config, candidates):
+    """The candidate a Hugging Face checkpoint's architecture names, or
+    None: keras-hub names its tasks as transformers does, less "For"
+    (`XForCausalLM` is `XCausalLM`, a drafter's `XAssistantForCausalLM`
+    is `XAssistantCausalLM`)."""
+    architectures = config.get("architectures") or [""]
+    name = str(architectures[0]).replace("For", "", 1)
+    return next((c for c in candidates if c.__name__ == name), None)
 
 
 def choose(preset_utils, preset, candidates):
@@ -92,9 +92,9 @@ def choose(preset_utils, preset, candidates):
             than one.
 
     Returns:
-        The class the preset names, else the first that generates on its
-        own (the first drafter for a drafter's checkpoint), else the
-        first.
+        The class the preset names (a Keras preset's `task.json`, a
+        Hugging Face checkpoint's architecture), else the first that
+        generates on its own, else the first.
     """
     config = preset_utils.load_json(preset, preset_utils.CONFIG_FILE)
     if "registered_name" in config:  # A Keras preset.
@@ -106,9 +106,11 @@ def choose(preset_utils, preset, candidates):
             # from its config when it subclasses the chosen one.
             if named is not None and issubclass(named, cls):
                 return cls
-    drafter = _wants_drafter(config)
+    named = _architecture_class(config, candidates)
+    if named is not None:
+        return named
     for cls in candidates:
-        if takes_preprocessor(cls) != drafter:
+        if takes_preprocessor(cls):
             return cls
     return candidates[0]
 

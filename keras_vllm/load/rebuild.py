@@ -43,9 +43,9 @@ def construct(cls, config, role):
             return cls.from_config(config)
     except Exception as e:  # Keras and keras-hub raise many types
         if "tensorflow" in str(e).lower() and not _tensorflow_installed():
-            # A class that asserts TensorFlow in its constructor (keras-hub
-            # 0.32's Gemma 3 / 3n / 4 preprocessors) on a host without it
-            # (the TPU machines this project serves on have none).
+            # A class that asserts TensorFlow in its constructor (a few
+            # keras-hub 0.32 preprocessors) on a host without it (the TPU
+            # machines this project serves on have none).
             raise ArtifactError(
                 f"{cls.__name__} needs TensorFlow (its keras-hub constructor "
                 "asserts it), which is not installed here. Install "
