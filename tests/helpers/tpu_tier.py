@@ -62,12 +62,16 @@ def reported(row):
 
 
 def use_carried_fine_tunes():
-    """Points `trained_models` at `KERAS_VLLM_TPU_FINE_TUNES`, if set."""
+    """Points `trained_models` at `KERAS_VLLM_TPU_FINE_TUNES`, if set, and
+    has the carried models built on the host's CPU (each op of a model's
+    first, eager call compiles on its own on the chip: ~50 s for Qwen 3.5)
+    before their variables move to the chip."""
     from helpers import trained_models
 
     directory = os.environ.get("KERAS_VLLM_TPU_FINE_TUNES")
     if directory:
         trained_models.SHARED_DIR = os.path.abspath(directory)
+        trained_models.BUILD_DEVICE = "cpu"
     return directory
 
 

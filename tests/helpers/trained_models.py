@@ -43,6 +43,12 @@ VARIANTS = {family: {} for family in testing.FAMILIES} | {
 _RUNS = {}
 # Where the session's workers share fine-tunes (None: this process only).
 SHARED_DIR = None
+# The platform ("cpu") a stored fine-tune is built and loaded on before its variables
+# move to JAX's default device (None: built there). The TPU tier sets the
+# host's CPU: building calls the model once eagerly, op by op, and on a
+# chip each new op compiles on its own (Qwen 3.5's chunked delta rule took
+# ~50 s of a case that way).
+BUILD_DEVICE = None
 
 
 def _frozen(value):
@@ -82,13 +88,14 @@ def training_run(family, **overrides):
 
 def _run(family, overrides, stored):
     start = time.perf_counter()
-    causal_lm = testing.build_tiny_causal_lm(family, **overrides)
-    built = time.perf_counter()
     if stored is not None and os.path.exists(stored + ".json"):
-        causal_lm.load_weights(stored + ".weights.h5")
+        causal_lm = _built_and_loaded(family, overrides, stored)
+        built = time.perf_counter()
         with open(stored + ".json") as f:
             losses = json.load(f)
     else:
+        causal_lm = testing.build_tiny_causal_lm(family, **overrides)
+        built = time.perf_counter()
         with costs.timed("fine-tune"):
             losses = testing.fine_tune(causal_lm)
         if stored is not None:
@@ -101,6 +108,25 @@ def _run(family, overrides, stored):
         build_seconds=built - start,
         fine_tune_seconds=time.perf_counter() - built,
     )
+
+
+def _built_and_loaded(family, overrides, stored):
+    """`stored`'s fine-tune, built and loaded on `BUILD_DEVICE` when set,
+    its variables then moved to JAX's default device."""
+    import jax
+
+    if BUILD_DEVICE is None:
+        place = contextlib.nullcontext()
+    else:
+        place = jax.default_device(jax.devices(BUILD_DEVICE)[0])
+    with place:
+        causal_lm = testing.build_tiny_causal_lm(family, **overrides)
+        causal_lm.load_weights(stored + ".weights.h5")
+    if BUILD_DEVICE is not None:
+        target = jax.config.jax_default_device or jax.devices()[0]
+        for variable in causal_lm.variables:
+            variable.assign(jax.device_put(variable.value, target))
+    return causal_lm
 
 
 @contextlib.contextmanager
