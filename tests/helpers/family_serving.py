@@ -125,14 +125,14 @@ def start_family_engine(
 ):
     """`family`'s trained model (its `VARIANTS` entry plus `overrides`) and
     an engine serving it (`SERVED_MODELS`, with `ENGINE_KWARGS` and
-    `engine_kwargs`), exported to `directory`; each step's seconds in
-    `phases` when it is a dict."""
+    `engine_kwargs`, which win), exported to `directory`; each step's
+    seconds in `phases` when it is a dict."""
     with serving_checks.timed_phase(phases, "model"):
         model = trained(family, **(overrides or {}))
         exported = SERVED_MODELS.get(family, lambda m: m)(model)
     engine = serving_checks.start_engine(
         exported, directory, phases=phases,
-        **ENGINE_KWARGS.get(family, {}), **engine_kwargs,
+        **(ENGINE_KWARGS.get(family, {}) | engine_kwargs),
     )
     return model, engine
 

@@ -38,13 +38,25 @@ from helpers import tpu_tier  # noqa: E402
 # read moves logprobs by far more.
 LOGPROB_ATOL = 1e-3
 
+# Every engine step of a case in one token bucket. On the chip, turning an
+# engine step's program into MLIR takes ~8 s per step shape for each static
+# configuration of tpu-inference's RPA Pallas kernel the model calls
+# (docs/TPU.md), more than its XLA compile, and each token bucket is a
+# shape: the 9-prompt prefill (256), the decode steps (16) and the golden
+# requests (32) made three. With a 16-token budget every step is 16
+# tokens: prompts are prefilled in chunks beside the decoding ones (what
+# a loaded server does), and each case lowers one program per
+# configuration.
+STEP_TOKENS = {"max_num_batched_tokens": 16}
+
 
 def _check(family, overrides, tmp_path, row):
     """Serves `family`'s model; fills `row` with what each check found and
     the seconds of each step (`row["phases"]`)."""
     phases = row["phases"]
     model, engine = family_serving.start_family_engine(
-        family, tmp_path / "artifact", overrides=overrides, phases=phases
+        family, tmp_path / "artifact", overrides=overrides, phases=phases,
+        **STEP_TOKENS,
     )
     _record_kernels(model, row)
     try:
