@@ -235,3 +235,32 @@ def test_speculative_bench_acceptance_figures():
         speculative.PROMPT_TOKENS] * 3
     assert prompts == draw(3, 1)
     assert max(max(p["prompt_token_ids"]) for p in prompts) < 100
+
+
+def test_step_phases_keeps_decode_only_steps_and_derives_the_rest():
+    """The per-phase table (`bench.step_phases`) takes its medians over the
+    steps in which every request decodes, and derives "execute, rest" and
+    "step, other" from the timed calls around them. No engine; <1 s."""
+    from keras_vllm.bench import step_phases
+
+    def step(decode_only, requests, scale):
+        seconds = {
+            "schedule": 1, "prepare inputs": 2, "model dispatch": 1,
+            "logits dispatch": 1, "execute": 6, "sample + to host": 3,
+            "update": 1, "outputs": 1, "step": 15,
+        }
+        return {"decode only": decode_only, "requests": requests,
+                **{k: v * scale * 1e-3 for k, v in seconds.items()}}
+
+    steps = [step(False, 2, 100.0), step(True, 2, 1.0), step(True, 2, 3.0),
+             step(True, 2, 2.0), step(True, 1, 50.0)]
+    rows = step_phases.phase_medians(steps, 2)
+    assert rows["steps"] == 3
+    assert rows["prepare inputs"] == pytest.approx(4.0)
+    assert rows["execute, rest"] == pytest.approx(2 * (6 - 2 - 1 - 1))
+    assert rows["step, other"] == pytest.approx(2 * (15 - 1 - 6 - 3 - 1 - 1))
+    assert rows["step"] == pytest.approx(30.0)
+    table = step_phases.table({2: rows})
+    assert "| decode tok/s (c / step) | 67 |" in table
+    with pytest.raises(RuntimeError, match="no decode-only step of 4"):
+        step_phases.phase_medians(steps, 4)
