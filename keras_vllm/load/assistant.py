@@ -14,6 +14,7 @@ from keras_vllm.hub import checkpoint
 from keras_vllm.hub import classes
 from keras_vllm.hub import weights as weight_io
 from keras_vllm.load import rebuild
+from keras_vllm.load import uninitialized
 
 logger = logging.getLogger("keras_vllm")
 
@@ -68,19 +69,32 @@ def load_assistant(path, dtype=None, verify=True):
     manifest, _ = assistant_format.read_assistant(path, verify=verify)
     dtype = dtype or manifest["dtype"]
     backbone_cls, config = rebuild.role_config(manifest, "backbone")
-    backbone = rebuild.construct(backbone_cls, dict(config, dtype=dtype),
-                                 "backbone")
     section = manifest["causal_lm"]
     cls = classes.resolve(section["registered_name"], "causal_lm")
+    # Every variable is stored: none needs its initializer's value (the
+    # random initializers' programs were most of a drafter's load). The
+    # assistant's own layers (projections, centroids: small) build as
+    # usual: its constructor creates variables where Keras' stateless
+    # scope refuses them.
+    with uninitialized.values_deferred():
+        backbone = rebuild.construct(
+            backbone_cls, dict(config, dtype=dtype), "backbone"
+        )
     try:
         assistant = cls(backbone=backbone, **section["config"])
     except Exception as e:  # Keras and keras-hub raise many types
+        uninitialized.forget(backbone)
         raise ArtifactError(
             f"The assistant artifact '{path}' does not build a "
             f"{cls.__name__} ({type(e).__name__}: {str(e)[:300]}). It was "
             "altered or written by another keras-hub; re-export it."
         ) from None
-    assign_weights(assistant, path, manifest, dtype)
+    try:
+        values = stored_values(assistant, path, manifest)
+    except BaseException:
+        uninitialized.forget(assistant)
+        raise
+    uninitialized.assign_values(assistant, values)
     return assistant
 
 
@@ -102,9 +116,10 @@ def assistant_variables(assistant):
     return variables
 
 
-def assign_weights(assistant, path, manifest, dtype):
-    """Restores the stored weights into the assistant's variables, each
-    checked against its variable's shape first."""
+def stored_values(assistant, path, manifest):
+    """`[(variable, stored value)]` of every variable of the assistant,
+    each checked against its variable's shape first (and cast to its
+    dtype)."""
     variables = assistant_variables(assistant)
     stored = manifest["weights"]["variables"]
     if set(stored) != set(variables):
@@ -128,8 +143,10 @@ def assign_weights(assistant, path, manifest, dtype):
     restored = checkpoint.restore_weights(
         os.path.join(path, fmt.WEIGHTS_DIR), specs, as_numpy=False
     )
+    values = []
     for name, variable in variables.items():
         value = restored[name]
         if str(value.dtype) != variable.dtype:
             value = value.astype(variable.dtype)
-        variable.assign(value)
+        values.append((variable, value))
+    return values

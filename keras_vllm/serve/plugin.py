@@ -99,6 +99,10 @@ def register():
 
     # Assistant artifacts, drafting for their target (`method: "mtp"`).
     register_model(ASSISTANT_ARCHITECTURE, KerasVllmAssistantForCausalLM)
+    from keras_vllm.serve.worker import draft_target
+
+    # The drafter shares the served model's artifact and embedding.
+    draft_target.install()
     # vLLM takes an assistant's config as an MTP drafter's.
     hf_config.install()
     from keras_vllm.serve.worker import image_steps

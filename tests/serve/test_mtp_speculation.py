@@ -5,10 +5,18 @@ proposer; export and refusals without an engine:
 
 One engine for the module: the trained `gemma4_e2b` target (shared with
 the family modules' fine-tune) and a tiny assistant with a centroid head
-distilled from it (~10 s), exported both, 3 drafts a step. About 95 s here: the setup
-(distillation 10 s, exports, engine start) ~58 s, the greedy check 25 s
-(with the Keras references' compiles), prompt logprobs 5 s.
+distilled from it (~10 s), exported both, 3 drafts a step. The engine runs
+in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), where the tests see
+what its start hashed and what its drafter holds. About 105-130 s here:
+the setup (distillation 10 s, exports, engine start) 45-60 s, the greedy
+check 40-50 s (with the Keras references' and the engine's compiles),
+prompt logprobs 2 s.
 """
+
+import collections
+import contextlib
+import os
+import types
 
 import pytest
 
@@ -16,11 +24,52 @@ import keras_vllm
 from helpers import engine_shapes
 from helpers import serving_checks
 from helpers.trained_models import trained
+from keras_vllm import format as fmt
 from keras_vllm import testing
 from keras_vllm.testing.assistants import fine_tune_assistant
 
 FAMILY = "gemma4_e2b"
 DRAFTS = 3
+
+
+@contextlib.contextmanager
+def hashed_while_loading():
+    """Counts, by real path, the files hashed while an engine's runner loads
+    its models (the target, then the drafter) in this process."""
+    from tpu_inference.runner.tpu_runner import TPUModelRunner
+
+    from keras_vllm.format import files
+
+    counts = collections.Counter()
+    loading = []
+    hash_file, load_model = files.sha256_file, TPUModelRunner.load_model
+
+    def counted(path, *args, **kwargs):
+        if loading:
+            counts[os.path.realpath(path)] += 1
+        return hash_file(path, *args, **kwargs)
+
+    def load(self, *args, **kwargs):
+        loading.append(self)
+        try:
+            return load_model(self, *args, **kwargs)
+        finally:
+            loading.pop()
+
+    with pytest.MonkeyPatch.context() as patch:
+        # `sha256_files` (every artifact verification) hashes through it.
+        patch.setattr(files, "sha256_file", counted)
+        patch.setattr(TPUModelRunner, "load_model", load)
+        yield counts
+
+
+def listed_files(path):
+    """The real paths of the files an artifact's manifest lists (a model's
+    or an assistant's)."""
+    manifest = fmt.read_json(os.path.join(path, fmt.MANIFEST_FILE))
+    return {
+        os.path.realpath(os.path.join(path, rel)) for rel in manifest["files"]
+    }
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +87,53 @@ def served(tmp_path_factory):
     assistant_path = keras_vllm.export_assistant(
         assistant, root / "assistant", target=target_path
     )
-    engine = keras_vllm.KerasVllmEngine.from_export(
-        target_path,
-        **engine_shapes.ENGINE_KWARGS,
-        speculative_config={
-            "method": "mtp",
-            "model": str(assistant_path),
-            "num_speculative_tokens": DRAFTS,
-        },
-        per_request_spec_decode_metrics="summary",
-    )
-    yield target, engine
-    serving_checks.shutdown(engine)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        with hashed_while_loading() as hashed:
+            engine = keras_vllm.KerasVllmEngine.from_export(
+                target_path,
+                **engine_shapes.ENGINE_KWARGS,
+                speculative_config={
+                    "method": "mtp",
+                    "model": str(assistant_path),
+                    "num_speculative_tokens": DRAFTS,
+                },
+                per_request_spec_decode_metrics="summary",
+            )
+        yield types.SimpleNamespace(
+            target=target, engine=engine, hashed=dict(hashed),
+            files=listed_files(target_path) | listed_files(assistant_path),
+        )
+        serving_checks.shutdown(engine)
+
+
+def test_engine_start_hashes_each_file_once(served):
+    """The drafter shares the served model's verified artifact: loading
+    both models hashes every file of the target and of the assistant once
+    (the front end's own check before vLLM starts and each tokenizer load
+    verify what they read, by design; they are not counted). Before, the
+    drafter opened and built the target again: every target file twice.
+    ~0 s (counted during the fixture's engine start)."""
+    assert served.hashed == dict.fromkeys(served.files, 1)
+
+
+def _drafter_arrays(worker):
+    """Whether each variable of the served token embedding is, as the very
+    same array, in the target's and in the drafter's step arguments."""
+    runner = worker.model_runner
+    served = runner.model.backbone.token_embedding.variables
+    target = {id(leaf) for leaf in runner.state_leaves}
+    drafter = {id(leaf) for leaf in runner.drafter.state_leaves}
+    return [
+        (id(v.value) in target, id(v.value) in drafter) for v in served
+    ]
+
+
+def test_drafter_embeds_with_the_served_arrays(served):
+    """No copy of the target's embedding in the drafter (`serve/worker/
+    draft_target.py`). ~0 s (a look into the worker)."""
+    (arrays,) = served.engine.llm.collective_rpc(_drafter_arrays)
+    assert arrays and all(t and d for t, d in arrays), arrays
 
 
 def test_greedy_matches_generate_with_assistant_drafts(served):
@@ -58,8 +142,9 @@ def test_greedy_matches_generate_with_assistant_drafts(served):
     all 3 (the assistant's later drafts, fed its own projected state, are
     right too) and, over the batch, a measured acceptance (a third of the
     drafted tokens on this fixture when written: 140 of 420)."""
-    target, engine = served
-    outputs = serving_checks.check_greedy_matches_generate(engine, target)
+    outputs = serving_checks.check_greedy_matches_generate(
+        served.engine, served.target
+    )
     metrics = [o.outputs[0].spec_decode_metrics for o in outputs]
     histograms = [m.histogram for m in metrics]
     assert sum(h[0] for h in histograms) > 0, histograms
@@ -73,5 +158,4 @@ def test_greedy_matches_generate_with_assistant_drafts(served):
 
 
 def test_prompt_logprobs_match_forward_pass(served):
-    target, engine = served
-    serving_checks.check_prompt_logprobs(engine, target)
+    serving_checks.check_prompt_logprobs(served.engine, served.target)

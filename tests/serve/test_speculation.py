@@ -219,3 +219,27 @@ def test_an_assistant_config_is_read_as_an_mtp_drafters():
 
     assert pickle.loads(pickle.dumps(SpeculativeConfig.hf_config_override))
 
+
+def test_the_drafter_takes_the_served_keras_vllm_model():
+    """keras-vllm's drafter gets the served model from tpu-inference's MTP
+    proposer (`serve/worker/draft_target.py`): loaded outside it, or
+    beside a model keras-vllm does not serve, it says so before it reads
+    anything (served: test_mtp_speculation.py). Well under a second."""
+    from keras_vllm.serve.worker import assistant_model
+    from keras_vllm.serve.worker import draft_target
+
+    config = types.SimpleNamespace(
+        speculative_config=types.SimpleNamespace(
+            draft_model_config=types.SimpleNamespace(model="/exports/mtp")
+        ),
+        model_config=types.SimpleNamespace(
+            model="/exports/tuned", dtype="float32"
+        ),
+    )
+    drafter = assistant_model.KerasVllmAssistantForCausalLM(config)
+    with pytest.raises(ServingError, match="loaded outside it"):
+        drafter.load_weights()
+    with draft_target.drafting_for(types.SimpleNamespace()):
+        with pytest.raises(ServingError, match="with SimpleNamespace"):
+            drafter.load_weights()
+    assert draft_target.served_target() is None

@@ -28,7 +28,9 @@ reads its cache and writes nothing.
 
 The assistant's input embedding is the target's (its token embedding
 times the square root of the target's width, as Keras' `generate()`
-computes it): this class takes it from the target artifact.
+computes it, quantized when the served target is): this class takes the
+served model's embedding layer and verified artifact from the runner
+(`draft_target`), and drafts with the served embedding's own arrays.
 """
 
 import logging
@@ -38,15 +40,16 @@ import jax.numpy as jnp
 from flax import nnx
 from keras import ops
 
+from keras_vllm.errors import ServingError
 from keras_vllm.layers.common.context import ServingContext
 from keras_vllm.layers.common.context import serving_context
 from keras_vllm.layers.swap import swap_in_paged_layers
 from keras_vllm.load.assistant import check_fits
 from keras_vllm.load.assistant import load_assistant
-from keras_vllm.load.keras_loader import build_backbone
-from keras_vllm.load.opening import open_verified
 from keras_vllm.format import assistant as assistant_format
 from keras_vllm import format as fmt
+from keras_vllm.serve.worker import draft_target
+from keras_vllm.serve.worker.model import KerasVllmForCausalLM
 
 logger = logging.getLogger("keras_vllm")
 
@@ -71,23 +74,25 @@ class KerasVllmAssistantForCausalLM(nnx.Module):
         self.dtype_name = jnp.dtype(vllm_config.model_config.dtype).name
 
     def load_weights(self, *args, **kwargs):
-        """Builds the assistant (verified, checked against the target) and
-        the target's token embedding, and swaps in paged layers."""
+        """Builds the assistant (verified, checked against the served
+        target) beside a copy of the target's token embedding, and swaps
+        in paged layers."""
+        target = self._served_target()
         manifest, _ = assistant_format.read_assistant(self._assistant_path)
-        target = open_verified(self._target_path)
+        # The served artifact, verified when the target loaded: its config
+        # is read from there (parsed then, or hashed as it is read now).
         check_fits(
-            manifest, target.read_json(fmt.CONFIG_FILE), self._target_path,
-            self._assistant_path,
+            manifest, target.artifact.read_json(fmt.CONFIG_FILE),
+            target.artifact_path, self._assistant_path,
         )
         assistant = load_assistant(
             self._assistant_path, dtype=self.dtype_name, verify=False
         )
-        # The target's embedding table only; the rest of this copy of the
-        # target is dropped (the runner's model holds the served one).
-        target_backbone = build_backbone(target, dtype=self.dtype_name)
-        self.target_embedding = target_backbone.token_embedding
-        self.embedding_scale = float(target_backbone.hidden_dim) ** 0.5
-        del target_backbone
+        # A clone of the served layer (quantized when the target is), on
+        # its own arrays until `share_target_weights` gives it the served
+        # ones (see `draft_target`).
+        self.target_embedding = _detached(target.backbone.token_embedding)
+        self.embedding_scale = float(target.backbone.hidden_dim) ** 0.5
         self.attention_layers = len(swap_in_paged_layers(assistant.backbone))
         # The assistant's parts, not the assistant: a functional Keras
         # model keeps dicts keyed by layers, which NNX cannot flatten.
@@ -113,6 +118,38 @@ class KerasVllmAssistantForCausalLM(nnx.Module):
             "target's caches)", self._assistant_path, self.attention_layers,
         )
 
+    def _served_target(self):
+        """The runner's served model (`draft_target`), which must be a
+        keras-vllm artifact's."""
+        target = draft_target.served_target()
+        if target is None:
+            raise ServingError(
+                f"The assistant '{self._assistant_path}' drafts inside "
+                "tpu-inference's MTP proposer, which hands it the served "
+                "model (keras_vllm.serve.worker.draft_target); it was loaded "
+                "outside it. Serve the target with speculative_config="
+                '{"method": "mtp", "model": ASSISTANT_DIR, ...}.'
+            )
+        if not isinstance(target, KerasVllmForCausalLM):
+            raise ServingError(
+                f"The assistant '{self._assistant_path}' drafts for a model "
+                "served from a keras-vllm artifact, and this engine serves "
+                f"'{self._target_path}' with {type(target).__name__}. Serve "
+                "the target artifact the assistant was exported for "
+                "(`export_assistant(..., target=...)`)."
+            )
+        return target
+
+    def share_target_weights(self, target):
+        """Points the target embedding's variables at `target`'s (the
+        served arrays, no copy); `draft_target` calls it once this model
+        is jitted, and after the served weights are replaced."""
+        served = target.backbone.token_embedding.variables
+        for own, variable in zip(
+            self.target_embedding.variables, served, strict=True
+        ):
+            own.assign(variable.value)
+
     def _place(self):
         """Every variable replicated on the runner's mesh."""
         from jax.sharding import NamedSharding
@@ -121,8 +158,9 @@ class KerasVllmAssistantForCausalLM(nnx.Module):
         if self.mesh is None:
             return
         replicated = NamedSharding(self.mesh, PartitionSpec())
+        # Not the target embedding: it lies as the served one does.
         variables = [
-            *self.backbone.weights, *self.target_embedding.weights,
+            *self.backbone.weights,
             *self.pre_projection.weights, *self.post_projection.weights,
         ]
         if self.centroids is not None:
@@ -187,3 +225,16 @@ class KerasVllmAssistantForCausalLM(nnx.Module):
         else:
             logits = self.backbone.token_embedding(hidden, reverse=True)
         return logits[:, 0, :]
+
+
+def _detached(layer):
+    """A copy of a Keras layer that shares no array with it.
+
+    tpu-inference donates a loaded model's arrays when it jits it, which
+    would free the served target's own had the drafter held them then.
+    """
+    copy = nnx.clone(layer)
+    for variable in copy.variables:
+        value = variable.value
+        variable.assign(jax.device_put(value, value.sharding, may_alias=False))
+    return copy

@@ -23,6 +23,7 @@ from keras_vllm import format as fmt
 from keras_vllm import progress
 from keras_vllm.hub import weights as weight_io
 from keras_vllm.errors import ServingError
+from keras_vllm.serve.worker import draft_target
 
 logger = logging.getLogger("keras_vllm")
 
@@ -187,6 +188,8 @@ def replace_weights(worker, incoming, source):
             target.assign(general_device_put(value, target.value.sharding))
             written += int(value.nbytes)
         runner.refresh_state_leaves()
+        # An MTP drafter embeds with the served (now new) embedding.
+        draft_target.share_target_weights(getattr(runner, "drafter", None))
     finally:
         worker.finish_weight_update()
     seconds = time.perf_counter() - start
