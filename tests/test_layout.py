@@ -34,7 +34,7 @@ LAYERS = [
     "export load",
     "serve.hf_config",
     "serve.tokenizer serve.multimodal serve.worker",
-    "serve.preflight serve.speculation serve.process",
+    "serve.preflight serve.speculation serve.decode_steps serve.process",
     "serve.frontend",
     "serve.plugin",
     "serve serve.engine",

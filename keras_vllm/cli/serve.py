@@ -51,6 +51,11 @@ def serve_command(path, extra, preset=None):
     ):
         # An artifact that serves images (`preflight.serving_defaults`).
         command.append("--disable-chunked-mm-input")
+    if defaults.get("async_scheduling") is False and (
+        "--no-async-scheduling" not in given
+    ):
+        # Continue decode (`keras_vllm.serve.decode_steps`).
+        command.append("--no-async-scheduling")
     return command + list(extra)
 
 

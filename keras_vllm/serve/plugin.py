@@ -121,6 +121,10 @@ def register():
 
     # Each structured request's grammar mask reaches its own batch slot.
     grammar_rows.install()
+    from keras_vllm.serve import decode_steps
+
+    # The scheduler of each engine process serves continue decode.
+    decode_steps.install()
     from keras_vllm.serve.worker import resumed_tokens
 
     # A request back from preemption continues from its real tokens.

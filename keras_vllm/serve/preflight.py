@@ -26,6 +26,7 @@ from keras_vllm import format as fmt
 from keras_vllm import progress
 from keras_vllm.errors import ServingError
 from keras_vllm.format import assistant as assistant_format
+from keras_vllm.serve import decode_steps
 from keras_vllm.serve import speculation
 
 # vLLM needs room for at least one full sequence; tiny CPU models need far
@@ -123,15 +124,18 @@ _SERVE_OPTIONS = {
     "data_parallel_size": ("--data-parallel-size", "-dp"),
     "max_model_len": ("--max-model-len",),
     "dtype": ("--dtype",),
+    "additional_config": ("--additional-config",),
 }
 # `vllm serve` switches that `check()` judges (True when given).
 _SERVE_SWITCHES = {
     "enable_lora": ("--enable-lora",),
     "enable_prefix_caching": ("--enable-prefix-caching",),
+    "async_scheduling": ("--async-scheduling",),
 }
 # Switches that turn a setting off (False when given).
 _SERVE_OFF_SWITCHES = {
     "enable_prefix_caching": ("--no-enable-prefix-caching",),
+    "async_scheduling": ("--no-async-scheduling",),
 }
 
 
@@ -233,6 +237,7 @@ def serving_defaults(artifact, overrides):
     )
     data_parallel.check_data_parallel(kwargs, path)
     speculation.check(artifact, kwargs)
+    decode_steps.check(artifact, kwargs)
     dtype = kwargs.get("dtype")
     if dtype not in (None, "auto") and str(dtype) not in fmt.SUPPORTED_DTYPES:
         raise ServingError(

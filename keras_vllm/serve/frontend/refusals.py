@@ -102,6 +102,16 @@ def refusal_error(path, argv=()):
                 "the whole image, so serve it with `--disable-chunked-mm-input "
                 "--no-enable-prefix-caching` (`keras-vllm serve` adds both)."
             )
+        if plan.engine_kwargs.get("async_scheduling") is False and (
+            "--no-async-scheduling" not in argv
+        ):
+            # Continue decode (`keras_vllm.serve.decode_steps`).
+            return ServingError(
+                f"'{path}' with enable_continue_decode needs asynchronous "
+                "scheduling off (with it, tpu-inference 0.32 decodes the "
+                "wrong tokens): add `--no-async-scheduling` (`keras-vllm "
+                "serve` adds it)."
+            )
         if plan.engine_kwargs.get("enable_prefix_caching") is False and (
             "--no-enable-prefix-caching" not in argv
         ):
