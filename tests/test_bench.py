@@ -261,6 +261,7 @@ def test_step_phases_keeps_decode_only_steps_and_derives_the_rest():
     assert rows["step, other"] == pytest.approx(2 * (15 - 1 - 6 - 3 - 1 - 1))
     assert rows["step"] == pytest.approx(30.0)
     table = step_phases.table({2: rows})
-    assert "| decode tok/s (c / step) | 67 |" in table
+    assert "| decode tok/s (tokens / step time) | 67 |" in table
+    assert "| tokens per step | 2.0 |" in table
     with pytest.raises(RuntimeError, match="no decode-only step of 4"):
         step_phases.phase_medians(steps, 4)

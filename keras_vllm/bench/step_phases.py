@@ -24,8 +24,13 @@ functions one step runs, in call order:
 | outputs | `OutputProcessor.process_outputs` (detokenizing with keras-vllm's tokenizer adapter) | vLLM, keras-vllm's tokenizer |
 | step, other | the rest of `LLMEngine.step` | vLLM |
 
-Each cell is the median over the steps in which every request decodes
-(no prefill), in milliseconds; the last rows give the step and its rate.
+The timers stay installed for the rest of the process (through
+`keras_vllm.patching`; they record only while a measurement runs). Each
+cell is the median over the steps in which every request decodes
+(no prefill), in milliseconds; the last rows give the step, the tokens it
+yields (more than one a request with tpu-inference's continue decode:
+`--engine-args '{"additional_config": {"enable_continue_decode": true}}'`,
+see `keras_vllm/serve/decode_steps.py`) and the decode rate.
 JAX dispatches asynchronously: the model's device time shows in the phase
 that first waits for its result (sample + to host), not in its dispatch.
 Timers cost ~1 us a call; nothing else changes.
@@ -69,10 +74,11 @@ PHASES = ("schedule", "prepare inputs", "model dispatch", "logits dispatch",
 
 class StepTimer:
     """Seconds per phase for each engine step (`steps`), and whether the
-    step only decoded."""
+    step only decoded; records only inside `recording()`."""
 
     def __init__(self):
         self.steps = []
+        self._recording = False
         self._current = None
 
     def add(self, phase, seconds):
@@ -89,32 +95,43 @@ class StepTimer:
 
         return wrapper
 
-    @contextlib.contextmanager
-    def installed(self, runner):
-        """Times the engine's step functions and `runner`'s jitted ones."""
+    def install(self, runner):
+        """Times the engine's step functions (for the rest of this
+        process, through `keras_vllm.patching`) and `runner`'s jitted
+        ones."""
         import importlib
 
-        saved = []
+        from keras_vllm import patching
+
         for phase, module, cls, name in _METHODS:
             owner = getattr(importlib.import_module(module), cls)
-            saved.append((owner, name, owner.__dict__[name]))
-            timed = self.timed(phase, owner.__dict__[name])
-            if phase == "step":
-                timed = self._step(timed)
-            if phase == "schedule":
-                timed = self._schedule(timed)
-            setattr(owner, name, timed)
+            wrap = {"step": self._step, "schedule": self._schedule,
+                    "update": self._update}.get(phase, lambda timed: timed)
+            patching.replace(
+                owner, name,
+                lambda original, phase=phase, wrap=wrap: wrap(
+                    self.timed(phase, original)
+                ),
+            )
         for phase, name in _RUNNER_FUNCTIONS:
-            saved.append((runner, name, getattr(runner, name)))
-            setattr(runner, name, self.timed(phase, getattr(runner, name)))
+            patching.replace(
+                runner, name,
+                lambda original, phase=phase: self.timed(phase, original),
+            )
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Records the steps the block runs (into a fresh `steps`)."""
+        self.steps, self._recording = [], True
         try:
             yield self
         finally:
-            for owner, name, original in reversed(saved):
-                setattr(owner, name, original)
+            self._recording = False
 
     def _step(self, step):
         def wrapper(*args, **kwargs):
+            if not self._recording:
+                return step(*args, **kwargs)
             self._current = collections.defaultdict(float)
             self._current["decode only"] = False
             try:
@@ -135,6 +152,21 @@ class StepTimer:
                 )
                 self._current["requests"] = len(counts)
             return out
+
+        return wrapper
+
+
+    def _update(self, update):
+        def wrapper(scheduler, scheduler_output, model_output, *args,
+                    **kwargs):
+            if self._current is not None:
+                # Tokens the step yielded: one per request, or up to
+                # `max_decode_steps` with continue decode.
+                self._current["tokens"] += sum(
+                    len(ids) for ids in model_output.sampled_token_ids
+                )
+            return update(scheduler, scheduler_output, model_output, *args,
+                          **kwargs)
 
         return wrapper
 
@@ -163,6 +195,12 @@ def phase_medians(steps, concurrency):
         rows[phase] = statistics.median(values)
     rows["step"] = statistics.median(s["step"] * 1e3 for s in chosen)
     rows["steps"] = len(chosen)
+    rows["tokens per step"] = statistics.mean(
+        s.get("tokens", concurrency) for s in chosen
+    )
+    rows["decode tok/s"] = sum(s.get("tokens", concurrency) for s in chosen) / (
+        sum(s["step"] for s in chosen)
+    )
     return rows
 
 
@@ -191,11 +229,12 @@ def measure(path, vocabulary, concurrencies, new_tokens, **engine_kwargs):
                 for _ in range(count)]
 
     results = {}
+    timer = StepTimer()
+    timer.install(runner)
     try:
         for c in concurrencies:
             engine.generate(prompts(c), params, use_tqdm=False)  # compiles
-            timer = StepTimer()
-            with timer.installed(runner):
+            with timer.recording():
                 engine.generate(prompts(c), params, use_tqdm=False)
             results[c] = phase_medians(timer.steps, c)
     finally:
@@ -212,8 +251,10 @@ def table(results):
     for phase in PHASES + ("step",):
         lines.append(f"| {phase} | " + " | ".join(
             f"{results[c][phase]:.3f}" for c in columns) + " |")
-    lines.append("| decode tok/s (c / step) | " + " | ".join(
-        f"{c / results[c]['step'] * 1e3:.0f}" for c in columns) + " |")
+    lines.append("| tokens per step | " + " | ".join(
+        f"{results[c]['tokens per step']:.1f}" for c in columns) + " |")
+    lines.append("| decode tok/s (tokens / step time) | " + " | ".join(
+        f"{results[c]['decode tok/s']:.0f}" for c in columns) + " |")
     lines.append("| steps measured | " + " | ".join(
         str(results[c]["steps"]) for c in columns) + " |")
     return "\n".join(lines)
