@@ -89,12 +89,9 @@ def load_assistant(path, dtype=None, verify=True):
             f"{cls.__name__} ({type(e).__name__}: {str(e)[:300]}). It was "
             "altered or written by another keras-hub; re-export it."
         ) from None
-    try:
-        values = stored_values(assistant, path, manifest)
-    except BaseException:
-        uninitialized.forget(assistant)
-        raise
-    uninitialized.assign_values(assistant, values)
+    uninitialized.fill(
+        assistant, lambda: stored_values(assistant, path, manifest)
+    )
     return assistant
 
 

@@ -137,12 +137,9 @@ def build_model_backbone(artifact, dtype=None, preset=None):
     if policies is not None:
         quantized.check_rebuilt(backbone, manifest)
         quantized.match_inputs_quantizers(backbone)
-    try:
-        values = stored_values(backbone, artifact, dtype)
-    except BaseException:
-        uninitialized.forget(backbone)
-        raise
-    uninitialized.assign_values(backbone, values)
+    values = uninitialized.fill(
+        backbone, lambda: stored_values(backbone, artifact, dtype)
+    )
     if preset_backbone is not None:
         quantized.fill_from_preset(
             backbone, preset_backbone, {id(v) for v, _ in values}

@@ -64,6 +64,23 @@ def assign_values(backbone, values):
         _forget([v for v in backbone.variables if _has_value(v)])
 
 
+def fill(backbone, read_values):
+    """Gives `backbone` the `[(variable, value)]` that `read_values()`
+    returns (`assign_values`); a read that fails drops the backbone from
+    Keras' list first (`forget`).
+
+    Returns:
+        The values read.
+    """
+    try:
+        values = read_values()
+    except BaseException:
+        forget(backbone)
+        raise
+    assign_values(backbone, values)
+    return values
+
+
 def forget(backbone):
     """Drops a backbone that will not be used (its load failed) from
     Keras' list of variables to initialize, which would keep it alive."""

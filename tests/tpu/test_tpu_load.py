@@ -8,7 +8,7 @@ the model it came from ran 1,331). Checked here: every variable of the
 reloaded model lives on the TPU, its `generate()` gives the tokens of the
 model it was exported from, and runs at that model's speed (both timed
 after their compile, on the same prompts). The model is a random Llama 3
-wide enough (~70M float32 parameters) that the host's CPU decodes it many
+wide enough (64M float32 parameters) that the host's CPU decodes it many
 times slower than the chip; a tiny model decodes as fast on either, so
 the bound would prove nothing there. The bound is loose: a timing, not a
 benchmark.
