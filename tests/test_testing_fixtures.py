@@ -34,7 +34,8 @@ TIMINGS = {}
 
 def _sample_inputs(causal_lm):
     """The first 8 corpus tokens, shaped like the input `build_tiny_causal_lm`
-    calls the model on (so eager op compilations are reused)."""
+    builds an unbuilt layer with (Bloom: its eager op compilations are
+    reused)."""
     x, _, _ = testing.tokenize_corpus(causal_lm.preprocessor.tokenizer)
     x = {key: value[:1, :8] for key, value in x.items()}
     return testing.with_position_ids(causal_lm, x)
@@ -220,6 +221,20 @@ def test_build_is_deterministic():
         not np.array_equal(np.asarray(a), np.asarray(c))
         for a, c in zip(first.backbone.weights, other.backbone.weights)
     )
+
+
+@pytest.mark.parametrize("family", ["bloom", "qwen3_5"])
+def test_every_layer_is_built(family):
+    """Built by construction (Qwen 3.5: no eager call, which would run its
+    chunked delta rule op by op) or by the one eager call (Bloom's
+    `AlibiBias`, which a functional backbone leaves unbuilt). ~10 s."""
+    causal_lm = testing.build_tiny_causal_lm(family)
+    unbuilt = [
+        layer.name
+        for layer in causal_lm.backbone._flatten_layers()
+        if not layer.built
+    ]
+    assert not unbuilt, (family, unbuilt)
 
 
 def test_fine_tune_is_deterministic():

@@ -45,6 +45,11 @@ def greedy_by_cached_steps(causal_lm, token_ids, max_new_tokens, stop_token_ids)
     it gets long-factor keys there (and rows of a batch depend on each
     other). Step by step, each token's factors follow its own sequence
     length, which is what the paged layer serves.
+
+    Each call is jitted with the cache index traced: one compile per prompt
+    length and one for every decode step (eagerly, each step dispatched
+    every op on its own: 45 s for the serving prompts on a CPU host, 131 s
+    on a TPU v5e, against 10 s here).
     """
     from keras import ops
 
@@ -54,9 +59,8 @@ def greedy_by_cached_steps(causal_lm, token_ids, max_new_tokens, stop_token_ids)
     # the prompt are never read (causal masks) and are overwritten as
     # tokens are fed.
     _, cache = causal_lm._build_cache(ops.zeros((1, length), dtype="int32"))
-    logits, _, cache = causal_lm.call_with_cache(
-        ops.convert_to_tensor([ids], dtype="int32"), cache, 0
-    )
+    step = _cached_step(causal_lm)
+    logits, cache = step(ops.convert_to_tensor([ids], dtype="int32"), cache, 0)
     new = []
     index = len(ids)
     while len(new) < max_new_tokens:
@@ -64,11 +68,32 @@ def greedy_by_cached_steps(causal_lm, token_ids, max_new_tokens, stop_token_ids)
         new.append(token)
         if token in (stop_token_ids or ()) or index >= length:
             break
-        logits, _, cache = causal_lm.call_with_cache(
+        logits, cache = step(
             ops.convert_to_tensor([[token]], dtype="int32"), cache, index
         )
         index += 1
     return new
+
+
+# One jitted `call_with_cache` per model, held weakly (the step reaches the
+# model through a weak reference, so the entry never keeps its key alive).
+_CACHED_STEPS = weakref.WeakKeyDictionary()
+
+
+def _cached_step(causal_lm):
+    """`causal_lm.call_with_cache` jitted: `(ids, cache, index) -> (logits,
+    cache)`, the weights read as constants of the program."""
+    import jax
+
+    if causal_lm not in _CACHED_STEPS:
+        model = weakref.ref(causal_lm)
+
+        def step(token_ids, cache, index):
+            logits, _, cache = model().call_with_cache(token_ids, cache, index)
+            return logits, cache
+
+        _CACHED_STEPS[causal_lm] = jax.jit(step)
+    return _CACHED_STEPS[causal_lm]
 
 
 # The greedy reference functions by the name `reference.greedy_batch` takes
