@@ -265,3 +265,39 @@ def test_step_phases_keeps_decode_only_steps_and_derives_the_rest():
     assert "| tokens per step | 2.0 |" in table
     with pytest.raises(RuntimeError, match="no decode-only step of 4"):
         step_phases.phase_medians(steps, 4)
+
+
+def test_mixed_workload_and_static_batches():
+    """`bench.mixed`: a seeded long-tailed workload, A's padded static
+    batches giving each request its own tokens (equal to that request
+    alone through `generate()`), and the table's rows. ~15 s (one
+    `generate()` compile per batch width)."""
+    from keras_vllm import testing
+    from keras_vllm.bench import mixed
+
+    workload = mixed.mixed_workload(64, 100, max_prompt=64, max_output=16)
+    assert workload == mixed.mixed_workload(64, 100, 64, 16)
+    assert workload != mixed.mixed_workload(64, 100, 64, 16, seed=1)
+    prompts = [len(r["prompt"]) for r in workload]
+    outputs = [r["max_tokens"] for r in workload]
+    assert min(prompts) >= 4 and max(prompts) <= 64
+    assert min(outputs) >= 1 and max(outputs) <= 16
+    # Long-tailed: most requests well below the limits, some at them.
+    assert sorted(prompts)[32] <= 16 and max(prompts) > 32
+    assert len({tuple(r["prompt"]) for r in workload}) == 64
+
+    causal_lm = testing.build_tiny_causal_lm("qwen")
+    causal_lm.compile(sampler="greedy")
+    small = workload[:6]
+    result = mixed.measure_keras_mixed(causal_lm, small, batch_size=4)
+    assert [len(i) for i in result["ids"]] == [r["max_tokens"] for r in small]
+    assert result["tokens"] == result["requested_tokens"]
+    alone = [mixed.keras_batch(causal_lm, [r])[0] for r in small]
+    assert result["ids"] == alone
+
+    engine = dict(result, tok_s=result["tok_s"] * 2, ids=list(result["ids"]))
+    engine["ids"][0] = [t + 1 for t in engine["ids"][0]]
+    rows = mixed.table({"A": {"mixed": result}, "B": None,
+                        "C": {"mixed": engine}})
+    assert rows[2].startswith("| A | 6 |")
+    assert rows[3].startswith("| C | 6 |") and "| 5/6 | 2.00 |" in rows[3]

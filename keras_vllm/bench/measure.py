@@ -4,6 +4,7 @@ engines B, C-seed and C (each started here; vLLM is imported lazily)."""
 
 import time
 
+from keras_vllm.bench import mixed
 from keras_vllm.bench.cells import MAX_TOKENS
 
 # Decode steps timed for the per-step measurement (see `step_times`).
@@ -63,7 +64,13 @@ def measure_keras(causal_lm, prompts, max_tokens=MAX_TOKENS):
         lambda batch, tokens: keras_generate(causal_lm, batch, tokens),
         warm=True,
     )
-    return {"cells": cells, "steps": steps}
+    result = {"cells": cells, "steps": steps}
+    if prompts.get("mixed"):
+        result["mixed"] = mixed.measure_keras_mixed(
+            causal_lm, prompts["mixed"]["workload"],
+            prompts["mixed"]["batch_size"],
+        )
+    return result
 
 
 def timed_cell(cell, run_batch):
@@ -169,5 +176,10 @@ def measure_engine(system, spec, prompts, t_spawn):
         run(cell["warmup"])
         cells.append(timed_cell(cell, run))
     steps = step_times(prompts["steps"], run, warm=False)
-    return {"cells": cells, "steps": steps, "startup": startup}
+    result = {"cells": cells, "steps": steps, "startup": startup}
+    if prompts.get("mixed"):
+        result["mixed"] = mixed.measure_engine_mixed(
+            llm, prompts["mixed"]["warmup"], prompts["mixed"]["workload"]
+        )
+    return result
 

@@ -4,6 +4,8 @@ workers' results, checked, written and printed as Markdown tables."""
 import json
 import os
 
+from keras_vllm.bench import mixed
+
 SCHEMA = "keras-vllm-bench/1"
 SYSTEMS = ("A", "B", "C-seed", "C")
 RATIOS = (("C/A", "C", "A"), ("C/B", "C", "B"), ("C/C-seed", "C", "C-seed"))
@@ -130,6 +132,12 @@ def format_report(doc):
             f"| {name} | {_fmt(first_token, '.1f')} | {_fmt(start, '.1f')} "
             f"| {_fmt(first, '.1f')} | {_fmt(last, '.1f')} |"
         )
+    rows = mixed.table(systems)
+    if rows:
+        requests = doc["config"].get("mixed")
+        lines += ["", f"mixed workload ({requests} requests of long-tailed "
+                  "prompt and output lengths, all at once; A: static "
+                  "batches in arrival order, padded)", ""] + rows
     exports = doc.get("exports")
     if exports:
         lines += ["", "| export | seconds | MB |", "|---|---|---|"]

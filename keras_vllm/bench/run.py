@@ -11,6 +11,7 @@ import time
 from keras_vllm.bench import cells as cells_lib
 from keras_vllm.bench import engine_rate
 from keras_vllm.bench import measure
+from keras_vllm.bench import mixed
 from keras_vllm.bench import models
 from keras_vllm.bench import report
 from keras_vllm.bench import workers
@@ -63,6 +64,10 @@ def main(argv=None):
     parser.add_argument("--model", choices=sorted(models.MODELS),
                         default="tiny",
                         help="tiny: a 2.49M-parameter Qwen2; medium: 128.4M")
+    parser.add_argument("--mixed", type=int, default=0, metavar="N",
+                        help="also a mixed workload: N requests of long-"
+                        "tailed prompt and output lengths, all at once "
+                        "(A: static batches of the largest concurrency)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -93,6 +98,7 @@ def main(argv=None):
         "max_tokens": args.max_tokens,
         "reps": args.reps,
         "engine_mode": args.engine_mode,
+        "mixed": args.mixed,
         "engine_args": dict(measure.ENGINE_ARGS, max_model_len=max_model_len,
                             max_num_seqs=max(concs)),
         "cpu_memory_gb": models.CPU_MEMORY_GB[args.model],
@@ -129,6 +135,14 @@ def main(argv=None):
               f"{value['bytes']} bytes", flush=True)
     prompts = cells_lib.make_prompts(
         cells, prepared["model"]["first_special_id"], reps=args.reps)
+    if args.mixed:
+        shape = dict(vocab_size=prepared["model"]["first_special_id"],
+                     max_prompt=max(lengths), max_output=args.max_tokens)
+        prompts["mixed"] = {
+            "batch_size": max(concs),
+            "workload": mixed.mixed_workload(args.mixed, seed=1, **shape),
+            "warmup": mixed.mixed_workload(args.mixed, seed=2, **shape),
+        }
     prompts_file = os.path.join(workdir, "prompts.json")
     with open(prompts_file, "w") as f:
         json.dump(prompts, f)
