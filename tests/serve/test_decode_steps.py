@@ -107,16 +107,27 @@ def test_continue_decode_serves_the_plain_engines_tokens(tmp_path):
     finally:
         serving_checks.shutdown(plain)
 
-    def summary(outputs):
+    def tokens(outputs):
         return [
-            (list(o.outputs[0].token_ids), o.outputs[0].finish_reason,
-             [sorted((i, round(lp.logprob, 4)) for i, lp in d.items())
-              for d in (o.outputs[0].logprobs or [])])
+            (list(o.outputs[0].token_ids), o.outputs[0].finish_reason)
             for o in outputs
         ]
 
+    def logprobs(outputs):
+        return [
+            {i: lp.logprob for i, lp in d.items()}
+            for o in outputs
+            for d in (o.outputs[0].logprobs or [])
+        ]
+
     for got, want in zip(served, wanted):
-        assert summary(got) == summary(want)
+        assert tokens(got) == tokens(want)
+        # The same ids, values equal up to float32 summation order (the
+        # on-device loop is another program than the plain step; rounding
+        # both to 4 decimals flipped one of ~200 values in a CI run).
+        for g, w in zip(logprobs(got), logprobs(want), strict=True):
+            assert g.keys() == w.keys()
+            assert all(abs(g[i] - w[i]) < 1e-4 for i in g), (g, w)
     reasons = {o.outputs[0].finish_reason for out in served for o in out}
     assert reasons == {"stop", "length"}
     # `keras-vllm serve` passes the scheduling the loop needs.
