@@ -30,18 +30,9 @@ def keras_generate(causal_lm, batch, max_tokens):
     token_ids[:, :length] = np.asarray(batch, "int32")
     mask = np.zeros(token_ids.shape, bool)
     mask[:, :length] = True
-    preprocessor = causal_lm.preprocessor
-    causal_lm.preprocessor = None  # token ids in, token ids out
-    try:
-        out = causal_lm.generate(
-            {"token_ids": token_ids, "padding_mask": mask},
-            stop_token_ids=None,
-        )
-    finally:
-        causal_lm.preprocessor = preprocessor
-    new = np.asarray(out["token_ids"])[:, length:]
+    new = mixed.generate_token_ids(causal_lm, token_ids, mask)[:, length:]
     # Detokenize like an engine returning text does.
-    preprocessor.tokenizer.detokenize(new)
+    causal_lm.preprocessor.tokenizer.detokenize(new)
     return new.tolist()
 
 

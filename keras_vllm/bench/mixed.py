@@ -90,8 +90,25 @@ def keras_batch(causal_lm, batch):
     for row, request in enumerate(batch):
         token_ids[row, :len(request["prompt"])] = request["prompt"]
         mask[row, :len(request["prompt"])] = True
+    out = generate_token_ids(causal_lm, token_ids, mask)
+    new = [
+        out[row, len(r["prompt"]):len(r["prompt"]) + r["max_tokens"]]
+        for row, r in enumerate(batch)
+    ]
+    # Detokenize like an engine returning text does.
+    for ids in new:
+        causal_lm.preprocessor.tokenizer.detokenize(ids)
+    return [ids.tolist() for ids in new]
+
+
+def generate_token_ids(causal_lm, token_ids, mask):
+    """`generate()` with token ids in and token ids out (the preprocessor
+    set aside for the call); the filled `token_ids` as a NumPy array. A's
+    one path, for the cells (`measure.keras_generate`) and this workload."""
+    import numpy as np
+
     preprocessor = causal_lm.preprocessor
-    causal_lm.preprocessor = None  # token ids in, token ids out
+    causal_lm.preprocessor = None
     try:
         out = causal_lm.generate(
             {"token_ids": token_ids, "padding_mask": mask},
@@ -99,15 +116,7 @@ def keras_batch(causal_lm, batch):
         )
     finally:
         causal_lm.preprocessor = preprocessor
-    out = np.asarray(out["token_ids"])
-    new = [
-        out[row, len(r["prompt"]):len(r["prompt"]) + r["max_tokens"]]
-        for row, r in enumerate(batch)
-    ]
-    # Detokenize like an engine returning text does.
-    for ids in new:
-        preprocessor.tokenizer.detokenize(ids)
-    return [ids.tolist() for ids in new]
+    return np.asarray(out["token_ids"])
 
 
 def measure_keras_mixed(causal_lm, workload, batch_size):
