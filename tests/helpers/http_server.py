@@ -57,7 +57,10 @@ def running_server(command, log_path, timeout, cwd=None):
                 try:
                     if requests.get(url + "/health", timeout=2).ok:
                         break
-                except requests.ConnectionError:
+                except (requests.ConnectionError, requests.Timeout):
+                    # Not listening yet, or listening but too busy to
+                    # answer in 2 s (engine start on 2 loaded cores): the
+                    # deadline, not one slow poll, decides.
                     pass
                 if time.time() > deadline:
                     log.seek(0)
