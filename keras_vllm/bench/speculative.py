@@ -38,6 +38,7 @@ host may be shared.
 
 import argparse
 import gc
+import json
 import os
 import time
 
@@ -69,7 +70,7 @@ def _random_prompts(vocabulary):
     return prompts
 
 
-def _repeat_last_token(causal_lm):
+def repeat_last_token(causal_lm):
     """Scales every kernel by 1e-3: the layers add next to nothing to the
     embeddings, so each position's logits (tied embeddings) pick its own
     token."""
@@ -90,7 +91,7 @@ def _run(engine, prompts, max_tokens):
 
 
 def measure(path, vocabulary, new_tokens, concurrencies, speculative,
-            prompts=None):
+            prompts=None, **engine_kwargs):
     """Decode tokens/s (and acceptance) of one engine per concurrency.
 
     Args:
@@ -102,6 +103,8 @@ def measure(path, vocabulary, new_tokens, concurrencies, speculative,
             `SPECULATIVE_CONFIG` (n-gram), or falsy for none.
         prompts: `prompts(count, seed)` -> vLLM prompts; random token ids
             by default.
+        **engine_kwargs: more `KerasVllmEngine.from_export` arguments of
+            the speculating engine (`additional_config`, ...).
 
     Returns:
         `{"start_seconds": the engine's cold start, concurrency:
@@ -120,6 +123,7 @@ def measure(path, vocabulary, new_tokens, concurrencies, speculative,
                 SPECULATIVE_CONFIG if speculative is True else speculative
             ),
             per_request_spec_decode_metrics="summary",
+            **engine_kwargs,
         )
     # A cold start, as a first start or CI's: compiled programs of the
     # other engine are not reused.
@@ -194,7 +198,20 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--concurrencies", default="1,8")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument(
+        "--speculative-config", type=json.loads, default=SPECULATIVE_CONFIG,
+        help="the speculating engine's config (JSON), e.g. with "
+        "num_speculative_tokens_per_batch_size",
+    )
+    parser.add_argument(
+        "--additional-config", type=json.loads, default=None,
+        help='the speculating engine\'s additional_config (JSON), e.g. '
+        '{"min_draft_acceptance": 0.3}',
+    )
     args = parser.parse_args()
+    extra = {}
+    if args.additional_config:
+        extra["additional_config"] = args.additional_config
     concurrencies = [int(c) for c in args.concurrencies.split(",")]
     os.environ.setdefault(
         "KERAS_VLLM_CPU_MEMORY_GB", models.CPU_MEMORY_GB[args.model]
@@ -206,14 +223,17 @@ def main():
         if workload == "varied":
             models.perturb(model)
         else:
-            _repeat_last_token(model)
+            repeat_last_token(model)
         tokenizer = model.preprocessor.tokenizer
         special = [int(i) for i in tokenizer.special_token_ids]
         vocabulary = min(special) if special else tokenizer.vocabulary_size()
         path = engine_rate.export(model, workload)
         del model
         plain = measure(path, vocabulary, args.new_tokens, concurrencies, False)
-        ngram = measure(path, vocabulary, args.new_tokens, concurrencies, True)
+        ngram = measure(
+            path, vocabulary, args.new_tokens, concurrencies,
+            args.speculative_config, **extra,
+        )
         starts.append(
             f"{workload}: {plain['start_seconds']:.0f} s plain, "
             f"{ngram['start_seconds']:.0f} s n-gram"
@@ -232,7 +252,9 @@ def main():
             ])
     print(f"\n--model {args.model}, {args.new_tokens} new tokens after a "
           f"{PROMPT_TOKENS}-token prompt, fastest of {REPEATS} runs; n-gram "
-          f"{SPECULATIVE_CONFIG}; load average at the end: {os.getloadavg()}")
+          f"{args.speculative_config}"
+          + (f", additional_config {args.additional_config}" if extra else "")
+          + f"; load average at the end: {os.getloadavg()}")
     header = ["workload", "concurrency", "decode tok/s plain",
               "decode tok/s n-gram", "n-gram / plain", "drafts accepted",
               "tokens per verify step", "verify step / plain step",

@@ -56,7 +56,7 @@ EXAMPLE = '{"enable_continue_decode": true, "max_decode_steps": 8}'
 
 def enabled(kwargs):
     """Whether the `vllm.LLM` keyword arguments turn continue decode on."""
-    return bool(_additional_config(kwargs).get("enable_continue_decode"))
+    return bool(additional_config(kwargs).get("enable_continue_decode"))
 
 
 def check(artifact, kwargs):
@@ -114,7 +114,9 @@ def check(artifact, kwargs):
     kwargs["async_scheduling"] = False
 
 
-def _additional_config(kwargs):
+def additional_config(kwargs):
+    """The `additional_config` of `vllm.LLM` keyword arguments as a dict
+    (JSON text read; {} when absent or not an object)."""
     config = kwargs.get("additional_config") or {}
     if isinstance(config, str):
         try:

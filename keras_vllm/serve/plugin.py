@@ -137,6 +137,10 @@ def register():
 
     # Prompt logprobs on an engine that speculates, without stopping it.
     speculative_prompt_logprobs.install()
+    from keras_vllm.serve.worker import draft_schedule
+
+    # N-gram drafting steps aside by batch size and by acceptance.
+    draft_schedule.install()
     from keras_vllm.serve.worker import state_caches
 
     # Layers with a recurrent state get vLLM state slots, not KV caches.

@@ -40,6 +40,13 @@ the output:
 - drafting on a data-parallel engine, and MTP with tensor parallelism
   (untested with keras-vllm models).
 
+and what would not be applied or would fail deep in vLLM: n-gram drafting
+that steps aside (`serve/worker/draft_schedule.py`) takes vLLM's batch-size
+schedule (`num_speculative_tokens_per_batch_size`, checked with vLLM's own
+validator; refused with MTP, whose drafter drafts a fixed count) and
+keras-vllm's `additional_config={"min_draft_acceptance": RATE}` (a rate from 0
+to 1, with n-gram speculation only).
+
 Per request (`keras_vllm.serve.frontend.sampling`): structured outputs on a
 speculating engine are refused (tpu-inference 0.32 applies one grammar row
 per request, where speculation needs one per drafted token).
@@ -55,6 +62,10 @@ from keras_vllm.errors import ServingError
 SERVED_METHODS = ("ngram", "mtp")
 
 EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4}'
+SCHEDULE_EXAMPLE = (
+    '{"method": "ngram", "num_speculative_tokens": 4, '
+    '"num_speculative_tokens_per_batch_size": [[1, 8, 4], [9, 1024, 0]]}'
+)
 MTP_EXAMPLE = (
     '{"method": "mtp", "model": "exports/tuned_assistant", '
     '"num_speculative_tokens": 3}'
@@ -120,9 +131,10 @@ def check(artifact, kwargs):
     ```
     """
     config = kwargs.get("speculative_config")
+    path = artifact.path
+    _check_acceptance_floor(path, config, kwargs)
     if config is None:
         return
-    path = artifact.path
     if not isinstance(config, dict):
         raise ServingError(
             f"speculative_config={config!r} cannot serve '{path}': it is a "
@@ -150,6 +162,7 @@ def check(artifact, kwargs):
             f"speculative_config needs 'num_speculative_tokens', the tokens "
             f"drafted per step (a positive integer), e.g. {EXAMPLE}."
         )
+    _check_schedule(path, method, config)
     if method == "mtp":
         _check_assistant(artifact, config.get("model"))
         shards = int(kwargs.get("tensor_parallel_size") or 1)
@@ -171,6 +184,61 @@ def check(artifact, kwargs):
             "tpu-inference 0.32's drafting across data-parallel replicas. "
             "Serve it speculating with data_parallel_size=1, or data-parallel "
             "without speculative_config."
+        )
+
+
+def _check_schedule(path, method, config):
+    """Refuses a batch-size schedule keras-vllm would not apply (MTP) or
+    vLLM would reject deep in its engine core (a malformed one)."""
+    schedule = config.get("num_speculative_tokens_per_batch_size")
+    if schedule is None:
+        return
+    if method != "ngram":
+        raise ServingError(
+            f"'num_speculative_tokens_per_batch_size' cannot serve '{path}' "
+            f"with {method} speculation: keras-vllm drafts by batch size "
+            "with n-gram speculation only (its MTP drafter drafts "
+            "'num_speculative_tokens' every step). Remove it, or use n-gram, "
+            f"e.g. {SCHEDULE_EXAMPLE}."
+        )
+    from vllm.v1.spec_decode.dynamic import utils
+
+    try:
+        utils.validate_and_normalize_dynamic_sd_schedule(schedule)
+    except (TypeError, ValueError) as e:
+        raise ServingError(
+            f"'num_speculative_tokens_per_batch_size' {schedule!r} is not a "
+            f"batch-size schedule: {e} It lists [first, last, tokens] "
+            f"ranges of the batch size from 1 up, e.g. {SCHEDULE_EXAMPLE}."
+        ) from None
+
+
+def _check_acceptance_floor(path, config, kwargs):
+    """Refuses a `min_draft_acceptance` that is not a rate, or that nothing
+    would apply (no n-gram speculation)."""
+    from keras_vllm.serve.decode_steps import additional_config
+    from keras_vllm.serve.worker.draft_schedule import MIN_ACCEPTANCE_KEY
+
+    floor = additional_config(kwargs).get(MIN_ACCEPTANCE_KEY)
+    if floor is None:
+        return
+    example = f'{{"{MIN_ACCEPTANCE_KEY}": 0.3}}'
+    if (
+        not isinstance(floor, (int, float)) or isinstance(floor, bool)
+        or not 0 <= floor <= 1
+    ):
+        raise ServingError(
+            f"additional_config's '{MIN_ACCEPTANCE_KEY}' is {floor!r}: it is "
+            "the share of drafted tokens a request must have accepted to go "
+            f"on drafting, a number from 0 to 1, e.g. {example}."
+        )
+    method = None if not isinstance(config, dict) else method_of(config)
+    if method != "ngram":
+        raise ServingError(
+            f"additional_config's '{MIN_ACCEPTANCE_KEY}' cannot serve "
+            f"'{path}' without n-gram speculation (speculative_config gives "
+            f"{method or 'none'}): keras-vllm applies it to n-gram drafts. "
+            f"Remove it, or speculate with n-gram, e.g. {EXAMPLE}."
         )
 
 
