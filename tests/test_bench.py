@@ -237,6 +237,25 @@ def test_speculative_bench_acceptance_figures():
     assert max(max(p["prompt_token_ids"]) for p in prompts) < 100
 
 
+def test_speculation_aside_variants_and_table():
+    from keras_vllm.bench import speculation_aside as aside
+
+    variants = aside.variants(0.5, [[1, 4, 4], [5, 64, 0]])
+    assert variants["plain"] == {}
+    assert variants["n-gram, floor"]["additional_config"] == {
+        "min_draft_acceptance": 0.5
+    }
+    assert variants["n-gram, schedule"]["speculative_config"][
+        "num_speculative_tokens_per_batch_size"] == [[1, 4, 4], [5, 64, 0]]
+    rows = aside.table("varied", {
+        "plain": {1: (100.0, [[1, 2]]), 8: (400.0, [[3]])},
+        "n-gram": {1: (150.0, [[1, 2]]), 8: (200.0, [[4]])},
+    })
+    assert rows[0].startswith("| workload | concurrency | plain tok/s")
+    assert rows[2] == "| varied | 1 | 100 | 150 | 1.50 | yes |"
+    assert rows[3] == "| varied | 8 | 400 | 200 | 0.50 | NO |"
+
+
 def test_step_phases_keeps_decode_only_steps_and_derives_the_rest():
     """The per-phase table (`bench.step_phases`) takes its medians over the
     steps in which every request decodes, and derives "execute, rest" and

@@ -33,21 +33,23 @@ def _artifact():
     )
 
 
-def test_gate_pauses_a_request_below_the_floor_then_tries_again():
+def test_gate_pauses_everyones_drafts_below_the_floor_then_tries_again():
     gate = draft_schedule.AcceptanceGate(0.5, window_steps=2, pause_steps=3)
     four = {"a": [1] * 4, "b": [1] * 4}
-    # a: 1 of 4 accepted twice (25%); b: 3 of 4 (75%).
+    # 3 of 8 accepted a step (a: 1 of 4, b: 2 of 4): 37.5% over the window.
     for _ in range(2):
-        assert gate.allows("a") and gate.allows("b")
-        gate.record(["a", "b"], four, [[5, 6], [5, 6, 7, 8]])
-    assert [gate.allows("a") for _ in range(4)] == [False] * 3 + [True]
-    assert gate.allows("b")
-    # Steps without drafts (a prefill, nothing looked up) count for nothing.
-    gate.record(["b"], {}, [[5]])
-    gate.record(["b"], {"b": [1]}, [[]])
-    assert gate.allows("b")
-    gate.forget(["a", "b"])
-    assert gate._requests == {}
+        assert gate.allows()
+        gate.record(["a", "b"], four, [[5, 6], [5, 6, 7]])
+    assert [gate.allows() for _ in range(4)] == [False] * 3 + [True]
+    # 6 of 8 (75%): drafting goes on.
+    for _ in range(2):
+        gate.record(["a", "b"], four, [[5, 6, 7, 8], [5, 6, 7]])
+    assert gate.allows()
+    # Steps without drafts (prefills, nothing found) count for nothing.
+    for _ in range(4):
+        gate.record(["a", "b"], {}, [[5], [5]])
+        gate.record(["a"], {"a": [1]}, [[]])
+    assert gate.allows()
 
 
 # The tokens a step gave requests "a" (1 of 4 drafts accepted) and "b"
@@ -139,22 +141,25 @@ def test_the_batch_size_schedule_sets_the_drafts(sampled_on_the_host):
         assert seen == [4] and manager._draft_token_ids == [[9] * 4] * 2
 
 
-def test_the_acceptance_floor_stops_a_requests_drafts(sampled_on_the_host):
+def test_the_acceptance_floor_pauses_drafting(sampled_on_the_host):
     from keras_vllm import format as fmt
 
+    # Each step verified 4 drafts for "a" and "b" and accepted 1 of the 8.
     manager, output, seen = _manager(fmt.MODEL_TYPE, 4, floor=0.5)
     for _ in range(draft_schedule.WINDOW_STEPS - 1):
         manager.propose_draft_token_ids(SAMPLED, scheduler_output=output)
         assert manager._draft_token_ids == [[9] * 4] * 2
-    # The window's last step judges it: both below the floor.
+    # The window's last step judges it: below the floor, nothing drafted
+    # (no lookup) for the pause.
+    drafts = output.scheduled_spec_decode_tokens
+    for _ in range(draft_schedule.PAUSE_STEPS):
+        manager.propose_draft_token_ids(SAMPLED, scheduler_output=output)
+        assert manager._draft_token_ids == [[], []]
+        output.scheduled_spec_decode_tokens = {}  # plain steps follow
+    assert len(seen) == draft_schedule.WINDOW_STEPS - 1
     manager.propose_draft_token_ids(SAMPLED, scheduler_output=output)
-    assert manager._draft_token_ids == [[], []]
-    # A finished request's counts go.
-    output.finished_req_ids = {"a"}
-    manager.runner.input_batch.num_reqs = 1
-    manager.runner.input_batch.req_ids = ["b"]
-    manager.propose_draft_token_ids(SAMPLED, scheduler_output=output)
-    assert "a" not in manager._keras_vllm_gate._requests
+    assert manager._draft_token_ids == [[9] * 4] * 2
+    output.scheduled_spec_decode_tokens = drafts
 
 
 @pytest.mark.parametrize("config, kwargs, says", [
@@ -248,3 +253,43 @@ def test_drafts_at_batch_one_and_none_above_with_generates_tokens(repeating):
     # Four requests a step: nothing drafted.
     assert [o.outputs[0].spec_decode_metrics.num_draft_tokens
             for o in together] == [0] * 4
+
+
+def test_steps_without_drafts_are_laid_out_plain():
+    """`_prepare_inputs` sees no speculative config in a step where no
+    request has drafts (tpu-inference then builds no verification
+    metadata), and the rest of the step reads it again."""
+    from keras_vllm import format as fmt
+
+    config = types.SimpleNamespace(method="ngram")
+
+    class Runner:
+        model_config = types.SimpleNamespace(
+            hf_config=types.SimpleNamespace(model_type=fmt.MODEL_TYPE)
+        )
+        scheduler_config = types.SimpleNamespace(async_scheduling=False)
+
+        def __init__(self):
+            self.speculative_config = config
+
+        def _prepare_inputs(self, scheduler_output):
+            return self.speculative_config
+
+    Runner._prepare_inputs = draft_schedule._plain_when_undrafted(
+        Runner._prepare_inputs
+    )
+    runner = Runner()
+
+    def step(drafts):
+        return types.SimpleNamespace(scheduled_spec_decode_tokens=drafts)
+
+    assert runner._prepare_inputs(step({})) is None
+    assert runner._prepare_inputs(step({"a": []})) is None
+    assert runner.speculative_config is config
+    assert runner._prepare_inputs(step({"a": [5, 6]})) is config
+    # Not with asynchronous scheduling (MTP drafts on the device).
+    runner.scheduler_config = types.SimpleNamespace(async_scheduling=True)
+    assert runner._prepare_inputs(step({})) is config
+    extract = draft_schedule._nothing_for_plain_steps(lambda m, *a: ("ran", m))
+    assert extract(None, "tokens") == (None, None)
+    assert extract("metadata", "tokens") == ("ran", "metadata")

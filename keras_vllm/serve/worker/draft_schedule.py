@@ -1,9 +1,10 @@
 """N-gram drafting that steps aside: by batch size, and by acceptance.
 
 A verify step costs more than a plain one (it runs the drafts through the
-model too: 1.3-2.4x on a CPU host, 1.7-1.8x on a TPU v5e at the bench's
-sizes), so drafts pay only where enough of them are accepted and the batch
-is small enough that the extra tokens are nearly free. Two settings make
+model too: 1.7-1.8x a plain step on a TPU v5e at the bench's 128M model,
+2.3-4x on a 2-core CPU host at its tiny one, 4 drafts a step), so drafts
+pay only where enough of them are accepted and the batch is small enough
+that the extra tokens are nearly free. Two settings make
 n-gram drafting step aside where it would not pay; neither changes what is
 generated (a step without drafts is a plain step, and speculation is exact):
 
@@ -17,13 +18,27 @@ generated (a step without drafts is a plain step, and speculation is exact):
   `num_speculative_tokens`, so without this module the setting is accepted
   and does nothing.
 - keras-vllm's `additional_config={"min_draft_acceptance": RATE}` (JSON in
-  `--additional-config` on the command line): a request whose last
-  `WINDOW_STEPS` verify steps accepted less than RATE of its drafted tokens
-  (0 to 1) stops drafting for `PAUSE_STEPS` steps, then drafts again (text
-  may start repeating later).
+  `--additional-config` on the command line): when the engine's last
+  `WINDOW_STEPS` verify steps accepted less than RATE (0 to 1) of the
+  tokens drafted in them, nobody drafts for `PAUSE_STEPS` steps, then
+  drafting resumes (text may start repeating later).
 
-`install()` wraps the n-gram branch of `propose_draft_token_ids` for runners
-serving a keras-vllm artifact; other models keep tpu-inference's behaviour.
+A step in which no request has drafts is run as a plain step. tpu-inference
+0.32.0 lays out every step of an engine with a `speculative_config` for
+verification (`TPUModelRunner._prepare_inputs` builds `SpecDecodeMetadata`
+with draft lengths of 0, the sampler runs the rejection path, and
+`extract_last_sampled_tokens` runs on the device after it; on a CPU host,
+profiled at concurrency 32, building that metadata alone took ~1.7 ms of a
+~15 ms step). So for n-gram (whose host-side drafter reads only the
+step's sampled tokens) with synchronous scheduling (vLLM turns async off
+with n-gram), `_prepare_inputs` runs with the config hidden in such steps,
+and `extract_last_sampled_tokens` of a plain step returns nothing (no
+caller reads it for n-gram).
+
+`install()` wraps the n-gram branch of `propose_draft_token_ids` and
+`_prepare_inputs` for runners serving a keras-vllm artifact;
+`extract_last_sampled_tokens` only changes for steps that have no metadata,
+which only those runners make. Other models keep tpu-inference's behaviour.
 """
 
 import functools
@@ -43,8 +58,13 @@ _SCHEDULER_OUTPUT = 9
 
 
 class AcceptanceGate:
-    """Per request: drafted and accepted tokens over its last verify steps,
+    """The engine's drafted and accepted tokens over its last verify steps,
     and the steps left in a pause.
+
+    A step that verifies drafts for any request costs about what it costs
+    when every request drafted (the step computes their tokens and runs the
+    rejection sampler for all), so the gate judges the whole batch's
+    acceptance and pauses everyone's drafts: paused steps are plain steps.
 
     Args:
         min_acceptance: the floor, accepted / drafted tokens (0 to 1).
@@ -54,9 +74,9 @@ class AcceptanceGate:
     Example:
 
     ```python
-    gate = AcceptanceGate(0.5)
+    gate = AcceptanceGate(0.5, window_steps=1)
     gate.record(["a"], {"a": [7, 7, 7, 7]}, [[3]])  # none of 4 accepted
-    gate.allows("a")  # True until a whole window is below 0.5
+    gate.allows()  # False: the next 32 steps draft nothing
     ```
     """
 
@@ -65,37 +85,35 @@ class AcceptanceGate:
         self.min_acceptance = float(min_acceptance)
         self.window_steps = window_steps
         self.pause_steps = pause_steps
-        # req_id -> [verify steps, drafted, accepted, pause steps left]
-        self._requests = {}
+        self._steps = self._drafted = self._accepted = 0
+        self._paused = 0
 
     def record(self, req_ids, scheduled_drafts, sampled):
         """Counts one step's outcome: `sampled[i]` holds the tokens the step
         gave `req_ids[i]` (its accepted drafts and one more), for the drafts
         `scheduled_drafts[req_id]` the step verified."""
+        drafted = accepted = 0
         for req_id, tokens in zip(req_ids, sampled):
             drafts = len(scheduled_drafts.get(req_id, ()))
-            if not drafts or not tokens:
-                continue
-            state = self._requests.setdefault(req_id, [0, 0, 0, 0])
-            state[0] += 1
-            state[1] += drafts
-            state[2] += min(len(tokens) - 1, drafts)
-            if state[0] >= self.window_steps:
-                if state[2] < self.min_acceptance * state[1]:
-                    state[3] = self.pause_steps
-                state[:3] = [0, 0, 0]
+            if drafts and tokens:
+                drafted += drafts
+                accepted += min(len(tokens) - 1, drafts)
+        if not drafted:
+            return
+        self._steps += 1
+        self._drafted += drafted
+        self._accepted += accepted
+        if self._steps >= self.window_steps:
+            if self._accepted < self.min_acceptance * self._drafted:
+                self._paused = self.pause_steps
+            self._steps = self._drafted = self._accepted = 0
 
-    def allows(self, req_id):
-        """Whether `req_id` may draft this step (counts down a pause)."""
-        state = self._requests.get(req_id)
-        if state is None or not state[3]:
+    def allows(self):
+        """Whether this step may draft (counts a paused step down)."""
+        if not self._paused:
             return True
-        state[3] -= 1
+        self._paused -= 1
         return False
-
-    def forget(self, req_ids):
-        for req_id in req_ids:
-            self._requests.pop(req_id, None)
 
 
 def _gate(manager, runner):
@@ -147,38 +165,85 @@ def _scheduled(original):
             return original(self, *args, **kwargs)
         num_reqs = runner.input_batch.num_reqs
         req_ids = list(runner.input_batch.req_ids[:num_reqs])
-        if gate is not None:
-            gate.forget(scheduler_output.finished_req_ids)
         if count <= 0:
             # The schedule says none at this batch size: no lookup, and
             # the next step is a plain one.
             self._draft_token_ids = [[] for _ in req_ids]
             return None
-        sampled = _sampled_tokens(runner, arguments)[:num_reqs]
-        if gate is not None:
-            gate.record(
-                req_ids, scheduler_output.scheduled_spec_decode_tokens, sampled
-            )
+        scheduled = scheduler_output.scheduled_spec_decode_tokens
+        sampled = None
+        if gate is not None and any(scheduled.values()):
+            sampled = _sampled_tokens(runner, arguments)[:num_reqs]
+            gate.record(req_ids, scheduled, sampled)
+        if gate is not None and not gate.allows():
+            self._draft_token_ids = [[] for _ in req_ids]
+            return None
+        if sampled is None:
+            sampled = _sampled_tokens(runner, arguments)[:num_reqs]
         drafts = runner.drafter.propose(
             count, sampled, runner.input_batch.num_tokens_no_spec,
             runner.input_batch.token_ids_cpu,
         )
-        self._draft_token_ids = [
-            list(d[:count]) if gate is None or gate.allows(r) else []
-            for r, d in zip(req_ids, drafts)
-        ]
+        self._draft_token_ids = [list(d[:count]) for d in drafts]
         return None
 
     return propose_draft_token_ids
 
 
+def _undrafted_ngram_step(runner, scheduler_output):
+    """Whether `runner`'s step has no drafts to verify and can run plain."""
+    from keras_vllm.serve.hf_config import serves_artifact
+
+    config = runner.speculative_config
+    return (
+        config is not None
+        and config.method == "ngram"
+        and not runner.scheduler_config.async_scheduling
+        and not any(scheduler_output.scheduled_spec_decode_tokens.values())
+        and serves_artifact(runner.model_config)
+    )
+
+
+def _plain_when_undrafted(original):
+    @functools.wraps(original)
+    def _prepare_inputs(self, scheduler_output, *args, **kwargs):
+        if not _undrafted_ngram_step(self, scheduler_output):
+            return original(self, scheduler_output, *args, **kwargs)
+        config = self.speculative_config
+        self.speculative_config = None
+        try:
+            return original(self, scheduler_output, *args, **kwargs)
+        finally:
+            self.speculative_config = config
+
+    return _prepare_inputs
+
+
+def _nothing_for_plain_steps(original):
+    @functools.wraps(original)
+    def extract_last_sampled_tokens(spec_decode_metadata, *args, **kwargs):
+        if spec_decode_metadata is None:
+            return None, None
+        return original(spec_decode_metadata, *args, **kwargs)
+
+    return extract_last_sampled_tokens
+
+
 def install():
-    """Rebinds tpu-inference's `propose_draft_token_ids` (idempotent;
-    keras-vllm's vLLM plugin calls it in every vLLM process)."""
+    """Rebinds tpu-inference's `propose_draft_token_ids`, `_prepare_inputs`
+    and the runner's `extract_last_sampled_tokens` (idempotent; keras-vllm's
+    vLLM plugin calls it in every vLLM process)."""
+    from tpu_inference.runner import tpu_runner
     from tpu_inference.runner.speculative_decoding_manager import (
         SpeculativeDecodingManager,
     )
 
     patching.replace(
         SpeculativeDecodingManager, "propose_draft_token_ids", _scheduled
+    )
+    patching.replace(
+        tpu_runner.TPUModelRunner, "_prepare_inputs", _plain_when_undrafted
+    )
+    patching.replace(
+        tpu_runner, "extract_last_sampled_tokens", _nothing_for_plain_steps
     )
