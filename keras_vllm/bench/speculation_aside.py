@@ -30,7 +30,6 @@ compared with the first one's.
 import argparse
 import json
 import os
-import time
 
 from keras_vllm.bench import engine_rate
 from keras_vllm.bench import models
@@ -61,7 +60,6 @@ def measure(path, vocabulary, engines_kwargs, concurrencies, new_tokens,
     """`{name: {concurrency: (decode tok/s, outputs)}}`, interleaved."""
     import numpy as np
     import keras_vllm
-    from vllm import SamplingParams
 
     engines = {}
     for name, kwargs in engines_kwargs.items():
@@ -78,14 +76,8 @@ def measure(path, vocabulary, engines_kwargs, concurrencies, new_tokens,
     }
 
     def run(engine, concurrency, tokens):
-        params = SamplingParams(
-            temperature=0.0, max_tokens=tokens, ignore_eos=True
-        )
-        start = time.perf_counter()
-        outputs = engine.generate(prompts[concurrency], params, use_tqdm=False)
-        return time.perf_counter() - start, [
-            list(o.outputs[0].token_ids) for o in outputs
-        ]
+        seconds, outputs = speculative.run(engine, prompts[concurrency], tokens)
+        return seconds, [list(o.outputs[0].token_ids) for o in outputs]
 
     best = {}
     try:
@@ -147,16 +139,7 @@ def main():
     print(f"load average at start: {os.getloadavg()}", flush=True)
     rows = []
     for workload in args.workloads.split(","):
-        model = models.build(args.model)
-        if workload == "varied":
-            models.perturb(model)
-        else:
-            speculative.repeat_last_token(model)
-        tokenizer = model.preprocessor.tokenizer
-        special = [int(i) for i in tokenizer.special_token_ids]
-        vocabulary = min(special) if special else tokenizer.vocabulary_size()
-        path = engine_rate.export(model, workload)
-        del model
+        path, vocabulary = speculative.workload_artifact(args.model, workload)
         results = measure(
             path, vocabulary, variants(args.floor, args.schedule),
             concurrencies, args.new_tokens, args.repeats,

@@ -79,7 +79,23 @@ def repeat_last_token(causal_lm):
             variable.assign(variable.value * 1e-3)
 
 
-def _run(engine, prompts, max_tokens):
+def workload_artifact(model_name, workload):
+    """Exports `model_name`'s bench model shaped for `workload`
+    (`WORKLOADS`); returns the artifact's path and the vocabulary random
+    prompts draw from (ids below the first special token)."""
+    model = models.build(model_name)
+    if workload == "varied":
+        models.perturb(model)
+    else:
+        repeat_last_token(model)
+    tokenizer = model.preprocessor.tokenizer
+    special = [int(i) for i in tokenizer.special_token_ids]
+    vocabulary = min(special) if special else tokenizer.vocabulary_size()
+    return engine_rate.export(model, workload), vocabulary
+
+
+def run(engine, prompts, max_tokens):
+    """Seconds and vLLM outputs of one greedy `generate` of `prompts`."""
     from vllm import SamplingParams
 
     params = SamplingParams(
@@ -142,7 +158,7 @@ def measure(path, vocabulary, new_tokens, concurrencies, speculative,
                     # The same prompts for both engines of a workload.
                     seed = concurrency * 1000 + repeat * 10 + (tokens > 1)
                     batch = draw(concurrency, seed)
-                    runs[tokens].append(_run(engine, batch, tokens))
+                    runs[tokens].append(run(engine, batch, tokens))
             first = min(runs[1][1:], key=lambda run: run[0])[0]
             timed = runs[1 + new_tokens][1:]
             seconds = min(run[0] for run in timed)
@@ -219,16 +235,7 @@ def main():
     print(f"load average at start: {os.getloadavg()}", flush=True)
     rows, starts = [], []
     for workload in args.workloads.split(","):
-        model = models.build(args.model)
-        if workload == "varied":
-            models.perturb(model)
-        else:
-            repeat_last_token(model)
-        tokenizer = model.preprocessor.tokenizer
-        special = [int(i) for i in tokenizer.special_token_ids]
-        vocabulary = min(special) if special else tokenizer.vocabulary_size()
-        path = engine_rate.export(model, workload)
-        del model
+        path, vocabulary = workload_artifact(args.model, workload)
         plain = measure(path, vocabulary, args.new_tokens, concurrencies, False)
         ngram = measure(
             path, vocabulary, args.new_tokens, concurrencies,

@@ -229,8 +229,9 @@ def _check_acceptance_floor(path, config, kwargs):
     ):
         raise ServingError(
             f"additional_config's '{MIN_ACCEPTANCE_KEY}' is {floor!r}: it is "
-            "the share of drafted tokens a request must have accepted to go "
-            f"on drafting, a number from 0 to 1, e.g. {example}."
+            "the share of drafted tokens the engine's recent verify steps "
+            f"must accept for drafting to go on, a number from 0 to 1, e.g. "
+            f"{example}."
         )
     method = None if not isinstance(config, dict) else method_of(config)
     if method != "ngram":

@@ -48,13 +48,10 @@ from keras_vllm import patching
 
 # The `additional_config` key of the acceptance floor.
 MIN_ACCEPTANCE_KEY = "min_draft_acceptance"
-# Verify steps a request's acceptance is judged over, and steps it then
-# drafts nothing for before trying again.
+# Verify steps the engine's acceptance is judged over, and steps nobody
+# then drafts in before drafting resumes.
 WINDOW_STEPS = 4
 PAUSE_STEPS = 32
-
-# `propose_draft_token_ids`'s positional index of `scheduler_output`.
-_SCHEDULER_OUTPUT = 9
 
 
 class AcceptanceGate:
