@@ -110,7 +110,7 @@ def _rule(layer, variable, hidden_dim):
     if isinstance(layer, layers.EinsumDense):
         letter = _heads_letter(layer)
         _, kernel, output = _equation_parts(layer)
-        if variable is layer.kernel:
+        if variable is _stored(layer, "kernel"):
             if letter is not None:
                 return kernel.index(letter), HEADS
             if rank == 2:
@@ -121,23 +121,24 @@ def _rule(layer, variable, hidden_dim):
         if variable is getattr(layer, "bias", None) and len(bias_axes) == rank:
             if letter is not None and letter in bias_axes and letter in output:
                 return bias_axes.index(letter), HEADS
-            if rank == 1 and letter is None and layer.kernel.ndim == 2:
-                found = _projection_axis(layer.kernel.shape, hidden_dim)
+            shape = _shape(layer, "kernel")
+            if rank == 1 and letter is None and len(shape) == 2:
+                found = _projection_axis(shape, hidden_dim)
                 if found is not None and found[1] == "column":
                     return 0, MLP
         return None
     if isinstance(layer, layers.Dense):
-        found = _projection_axis(layer.kernel.shape, hidden_dim)
+        found = _projection_axis(_shape(layer, "kernel"), hidden_dim)
         if found is None:
             return None
         axis, role = found
-        if variable is layer.kernel:
+        if variable is _stored(layer, "kernel"):
             return axis, MLP
         if variable is getattr(layer, "bias", None) and role == "column":
             return 0, MLP
         return None
     if isinstance(layer, _reversible_embedding()):
-        if variable is layer.embeddings:
+        if variable is _stored(layer, "embeddings"):
             return 0, VOCAB
         if variable is getattr(layer, "reverse_embeddings", None):
             return 1, VOCAB
@@ -159,6 +160,47 @@ def _rule(layer, variable, hidden_dim):
     return None
 
 
+# Quantization modes whose `kernel` / `embeddings` property unpacks.
+_PACKED_MODES = ("int4", "gptq", "awq")
+
+
+def _stored(layer, name):
+    """The variable behind `layer`'s `name` property ("kernel" of a Dense /
+    EinsumDense, "embeddings" of an Embedding) where the property returns
+    that variable; None where it computes one.
+
+    Keras unpacks packed 4-bit weights (int4, GPTQ, AWQ) and adds enabled
+    LoRA factors on every read of the property: eager JAX work that, on a
+    TPU host, failed on the values orbax restored to the host's CPU device
+    inside the runner's mesh ("Received incompatible devices": an int4
+    artifact on the chip). Such weights stay whole (replicated).
+    """
+    if getattr(layer, "quantization_mode", None) in _PACKED_MODES:
+        return None
+    if getattr(layer, "lora_enabled", False):
+        return None
+    return getattr(layer, "_" + name, None)
+
+
+def _shape(layer, name):
+    """The shape of `layer`'s `name` property, traced without computing it
+    (the layer's values stand in as abstract arguments: an eager op on a
+    concrete value would run even under `jax.eval_shape`)."""
+    stored = _stored(layer, name)
+    if stored is not None:
+        return tuple(stored.shape)
+    import jax
+
+    variables = list(layer.variables)
+
+    def read(values):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return getattr(layer, name)
+
+    values = [variable.value for variable in variables]
+    return tuple(jax.eval_shape(read, values).shape)
+
+
 def _reversible_embedding():
     """The token-embedding-and-output-head classes (Keras 3.15 has its own;
     older KerasHub layers subclass keras-hub's)."""
@@ -173,7 +215,7 @@ def hidden_size(backbone):
     width = getattr(backbone, "hidden_dim", None)
     if width:
         return int(width)
-    return int(backbone.token_embedding.embeddings.shape[-1])
+    return int(_shape(backbone.token_embedding, "embeddings")[-1])
 
 
 def owned_variables(backbone):
@@ -202,7 +244,7 @@ def variable_axes(backbone, axis_sizes):
     """
     hidden_dim = hidden_size(backbone)
     embedding = getattr(backbone, "token_embedding", None)
-    table = getattr(embedding, "embeddings", None)
+    table = None if embedding is None else _stored(embedding, "embeddings")
     axes = {}
     for layer, variable in owned_variables(backbone):
         rule = NotImplemented
