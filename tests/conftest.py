@@ -197,10 +197,17 @@ def engine_costs():
 def shared_fine_tunes(tmp_path_factory, worker_id):
     """pytest-xdist workers share one fine-tune per family configuration
     (`helpers.trained_models`); the directory is the session's, above each
-    worker's own temporary directory."""
+    worker's own temporary directory. `KERAS_VLLM_TPU_FINE_TUNES=DIR`
+    names a directory of fine-tunes made on another host instead
+    (`helpers.tpu_tier`: on a TPU host, where a call's minutes are few,
+    the feature modules then train only what DIR lacks)."""
     from helpers import trained_models
 
-    if worker_id != "master":
+    if os.environ.get("KERAS_VLLM_TPU_FINE_TUNES"):
+        from helpers import tpu_tier
+
+        tpu_tier.use_carried_fine_tunes()
+    elif worker_id != "master":
         root = tmp_path_factory.getbasetemp().parent
         trained_models.SHARED_DIR = str(root / "fine_tunes")
     yield

@@ -143,6 +143,7 @@ def start_engine(causal_lm, directory, phases=None, **engine_kwargs):
     start go in it (the TPU tier's rows)."""
     import keras_vllm
 
+    skip_without_chips(engine_kwargs)
     with timed_phase(phases, "export"):
         path = causal_lm.export_vllm(
             directory,
@@ -153,6 +154,27 @@ def start_engine(causal_lm, directory, phases=None, **engine_kwargs):
         return keras_vllm.KerasVllmEngine.from_export(
             path, **(engine_shapes.ENGINE_KWARGS | engine_kwargs)
         )
+
+
+def skip_without_chips(engine_kwargs):
+    """Skips a test whose engine spans more accelerators than this host has.
+
+    A CPU host makes as many JAX CPU devices as an engine asks for
+    (`keras_vllm.cpu`); a TPU host has its chips (the lent v5e: one), where
+    tpu-inference would refuse `tensor_parallel_size=2` at engine start.
+    """
+    from keras_vllm.cpu import detect
+
+    wanted = engine_kwargs.get("tensor_parallel_size", 1) * engine_kwargs.get(
+        "data_parallel_size", 1
+    )
+    if wanted <= 1 or detect.is_cpu_host():
+        return
+    import jax
+
+    if wanted > jax.device_count():
+        pytest.skip(f"needs {wanted} accelerators; this host has "
+                    f"{jax.device_count()}")
 
 
 @contextlib.contextmanager

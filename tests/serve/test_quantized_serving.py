@@ -79,6 +79,8 @@ ACTIVATION_QUANTIZING_MODES = ("int8",)
 )
 def served(request, tmp_path_factory):
     family, mode, tp = request.param
+    # Before quantizing (~20 s on a TPU v5e with one chip).
+    serving_checks.skip_without_chips({"tensor_parallel_size": tp})
     model = quantized_models.quantized(family, mode)
     engine = serving_checks.start_engine(
         model,
