@@ -223,6 +223,31 @@ def test_build_is_deterministic():
     )
 
 
+def test_a_stored_fine_tune_loads_whole_without_random_init(tmp_path):
+    """A stored fine-tune is rebuilt with zeros for random draws
+    (`trained_models.without_random_init`) and then loaded: every value is
+    the fine-tune's, and so are its logits. ~5 s (the session's Llama)."""
+    causal_lm = trained_models.trained("llama")
+    stored = str(tmp_path / "llama")
+    causal_lm.save_weights(stored + ".weights.h5")
+    loaded = trained_models._built_and_loaded(
+        "llama", trained_models._overrides("llama", {}), stored
+    )
+    for want, got in zip(causal_lm.get_weights(), loaded.get_weights()):
+        np.testing.assert_array_equal(np.asarray(want), np.asarray(got))
+    x = _sample_inputs(causal_lm)
+    np.testing.assert_array_equal(
+        np.asarray(causal_lm(x)), np.asarray(loaded(x))
+    )
+    with trained_models.without_random_init():
+        blank = testing.build_tiny_causal_lm("llama")
+    # The block's draws are zeros; outside it they are random again.
+    assert not any(np.asarray(w).any() for w in blank.backbone.trainable_weights
+                   if w.path.endswith("kernel"))
+    assert np.asarray(testing.build_tiny_causal_lm("llama").backbone
+                      .trainable_weights[1]).any()
+
+
 @pytest.mark.parametrize("family", ["bloom", "qwen3_5"])
 def test_every_layer_is_built(family):
     """Built by construction (Qwen 3.5: no eager call, which would run its

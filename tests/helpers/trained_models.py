@@ -119,14 +119,49 @@ def _built_and_loaded(family, overrides, stored):
         place = contextlib.nullcontext()
     else:
         place = jax.default_device(jax.devices(BUILD_DEVICE)[0])
-    with place:
+    with place, without_random_init():
         causal_lm = testing.build_tiny_causal_lm(family, **overrides)
+    with place:
         causal_lm.load_weights(stored + ".weights.h5")
     if BUILD_DEVICE is not None:
         target = jax.config.jax_default_device or jax.devices()[0]
         for variable in causal_lm.variables:
             variable.assign(jax.device_put(variable.value, target))
     return causal_lm
+
+
+@contextlib.contextmanager
+def without_random_init():
+    """Keras' random initializers give zeros inside the block, for models
+    whose every value is set right after (loaded weights, a copy's).
+
+    Each initializer draws eagerly, one compiled op per shape: 6.7 of a
+    tiny Llama's 7 s build on a 2-core CPU host (0.3 s without), 8.3 of
+    Gemma 3n's (0.7 s); on the TPU host most of the tier's 5-28 s "model"
+    step per case (docs/TPU.md). A variable left unset would stay zero, so
+    use it only where every value is set next: from the stored fine-tune of
+    the same configuration (the store's key), or a copy's `set_weights`.
+    """
+    import contextlib
+    from unittest import mock
+
+    import keras
+    import numpy as np
+    from keras import backend
+    from keras.src import backend as backend_modules
+    from keras.src import random as keras_random
+
+    def zeros(shape, *args, dtype=None, **kwargs):
+        dtype = backend.standardize_dtype(dtype or backend.floatx())
+        return np.zeros(tuple(shape), dtype)
+
+    draws = dict(normal=zeros, uniform=zeros, truncated_normal=zeros)
+    with contextlib.ExitStack() as stack:
+        # Keras' initializers draw through the backend's module; other
+        # code through the public namespaces.
+        for module in (backend_modules.random, keras_random, keras.random):
+            stack.enter_context(mock.patch.multiple(module, **draws))
+        yield
 
 
 @contextlib.contextmanager
@@ -150,7 +185,8 @@ def _shared(key):
 def trained_copy(family):
     """A new model with `trained(family)`'s weights, for tests that change
     a model (quantize it, fine-tune it further)."""
-    copy = testing.build_tiny_causal_lm(family, **VARIANTS[family])
+    with without_random_init():
+        copy = testing.build_tiny_causal_lm(family, **VARIANTS[family])
     copy.set_weights(trained(family).get_weights())
     return copy
 
