@@ -135,14 +135,14 @@ def without_random_init():
     """Keras' random initializers give zeros inside the block, for models
     whose every value is set right after (loaded weights, a copy's).
 
-    Each initializer draws eagerly, one compiled op per shape: 6.7 of a
-    tiny Llama's 7 s build on a 2-core CPU host (0.3 s without), 8.3 of
-    Gemma 3n's (0.7 s); on the TPU host most of the tier's 5-28 s "model"
-    step per case (docs/TPU.md). A variable left unset would stay zero, so
+    Each initializer draws eagerly, one compiled op per shape: in one
+    process on a 2-core CPU host, a tiny Llama built in 1.5 s with zero
+    draws, then in 5.6 s with random ones (Gemma 3n: 3.2 and 6.7 s); on the
+    TPU host the tier's "model" step took 5-28 s a case (docs/TPU.md).
+    A variable left unset would stay zero, so
     use it only where every value is set next: from the stored fine-tune of
     the same configuration (the store's key), or a copy's `set_weights`.
     """
-    import contextlib
     from unittest import mock
 
     import keras

@@ -27,16 +27,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def carried_fine_tunes():
-    """`KERAS_VLLM_TPU_FINE_TUNES=DIR`: the fine-tunes made ahead of time
-    on another host (`helpers.tpu_tier`), instead of a fine-tune per family
-    on the chip."""
-    from helpers import tpu_tier
-
-    yield tpu_tier.use_carried_fine_tunes()
-
-
-@pytest.fixture(scope="session", autouse=True)
 def engine_in_this_process():
     """Engines run in the test process, which holds the chip."""
     with pytest.MonkeyPatch.context() as patch:

@@ -128,14 +128,13 @@ def _rule(layer, variable, hidden_dim):
                     return 0, MLP
         return None
     if isinstance(layer, layers.Dense):
-        found = _projection_axis(_shape(layer, "kernel"), hidden_dim)
-        if found is None:
-            return None
-        axis, role = found
         if variable is _stored(layer, "kernel"):
-            return axis, MLP
-        if variable is getattr(layer, "bias", None) and role == "column":
-            return 0, MLP
+            found = _projection_axis(variable.shape, hidden_dim)
+            return None if found is None else (found[0], MLP)
+        if variable is getattr(layer, "bias", None):
+            found = _projection_axis(_shape(layer, "kernel"), hidden_dim)
+            if found is not None and found[1] == "column":
+                return 0, MLP
         return None
     if isinstance(layer, _reversible_embedding()):
         if variable is _stored(layer, "embeddings"):
