@@ -325,6 +325,33 @@ def test_structured_outputs_over_a_sentence_piece_tokenizer(setup):
             assert output.outputs[0].finish_reason == "stop"
 
 
+def _live_device_bytes():
+    import jax
+
+    return sum(array.nbytes for array in jax.live_arrays())
+
+
+# ~5 s of CI: a second engine in this process, started and shut down.
+def test_shutdown_returns_the_engines_device_memory(setup):
+    """Not about updates either: an engine in this process frees its weights
+    and KV cache at `shutdown()`, not when Python's collector next runs (they
+    sit in reference cycles). On a TPU, whose KV cache fills most of the
+    chip, the next engine's start in the same process failed
+    ("total_hbm_used_gb ... exceeds total_hbm_limit_cap_gb")."""
+    import keras_vllm
+
+    before = _live_device_bytes()
+    engine = keras_vllm.KerasVllmEngine.from_export(
+        setup.paths.new, **engine_shapes.ENGINE_KWARGS
+    )
+    assert engine.generate(testing.prompts()[:1], use_tqdm=False)
+    held = _live_device_bytes() - before
+    engine.shutdown()
+    kept = _live_device_bytes() - before
+    assert held > 1 << 20, held
+    assert kept < held / 10, (held, kept)
+
+
 _EXPORT_LLAMA3 = """
 import sys
 from keras_vllm import testing

@@ -1,5 +1,6 @@
 """`KerasVllmEngine`: a vLLM engine over a keras-vllm artifact."""
 
+import gc
 import logging
 import os
 import threading
@@ -157,7 +158,7 @@ class KerasVllmEngine:
         return self.artifact.manifest
 
     def shutdown(self):
-        """Stops the vLLM engine and frees its KV cache and processes.
+        """Stops the vLLM engine and frees its weights, KV cache and processes.
 
         The engine cannot generate afterwards. `with` does this on exit:
 
@@ -179,6 +180,14 @@ class KerasVllmEngine:
                 # vLLM lists the engine process's children while it exits
                 # (`kill_process_tree`); gone is what shutdown wants.
                 pass
+        # An engine in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)
+        # holds its weights and KV cache in reference cycles (vLLM's engine,
+        # executor and runner point at each other), so they stay on the
+        # device until Python's collector next runs. The next engine's start
+        # counts them as used: on a TPU, whose cache fills most of the chip,
+        # it failed ("total_hbm_used_gb ... exceeds total_hbm_limit_cap_gb").
+        del llm, engine_core
+        gc.collect()
 
     def __enter__(self):
         return self
