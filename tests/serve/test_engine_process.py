@@ -236,3 +236,46 @@ def test_the_fork_server_preload_freezes_its_heap_quietly():
     assert "serving with tpu-inference on JAX CPU devices" not in (
         result.stderr
     )
+
+
+# < 1 s of CI (in this process; the TPU's presence is stood in for).
+def test_a_process_that_holds_the_tpu_runs_the_engine_itself(
+    monkeypatch, caplog
+):
+    # A TPU opens in one process at a time: after JAX ran on it here (a
+    # fine-tune, `generate()`), an engine process of its own cannot open it
+    # (seen on the lent v5e with `keras-vllm demo`).
+    import logging
+
+    from keras_vllm.serve.process import start as engine_process
+
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(engine_process, "install", lambda: None)
+    # On this CPU host JAX runs, but holds no TPU: nothing changes.
+    import jax.numpy as jnp
+
+    jnp.zeros(1).block_until_ready()
+    assert not engine_process.holds_tpu()
+    monkeypatch.setattr(engine_process, "_chosen", False)
+    engine_process.choose()
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+
+    monkeypatch.setattr(engine_process, "holds_tpu", lambda: True)
+    with caplog.at_level(logging.INFO, logger="keras_vllm"):
+        engine_process.choose()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    # In this process: no engine process to start, so no start method.
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in os.environ
+    assert "already holds the TPU" in caplog.text
+    assert not any(r.levelno >= logging.WARNING for r in caplog.records)
+
+    # Asked for an engine process explicitly: the same, with a warning.
+    caplog.clear()
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with caplog.at_level(logging.INFO, logger="keras_vllm"):
+        engine_process.choose()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING=1, but this process" in caplog.text

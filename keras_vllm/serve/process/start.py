@@ -220,17 +220,63 @@ def install():
         patching.replace(module, "get_mp_context", _fork_server_context)
 
 
+def holds_tpu():
+    """Whether this process's JAX runtime has opened a TPU."""
+    if not jax_started():
+        return False
+    try:
+        from jax._src import xla_bridge
+
+        return "tpu" in xla_bridge._backends
+    except (ImportError, AttributeError):
+        return False
+
+
+def _in_this_process_on_held_chips():
+    """Runs the engine in this process when this process holds the TPU.
+
+    A TPU opens in one process at a time: after a model trained, exported
+    or ran `generate()` here, an engine process of its own cannot open the
+    chip. The engine then runs in this process
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), beside the caller's arrays (vLLM
+    sizes its KV cache from what is free).
+    """
+    if not envs.ENABLE_V1_MULTIPROCESSING.get() or not holds_tpu():
+        return
+    if envs.ENABLE_V1_MULTIPROCESSING.raw() is not None:
+        logger.warning(
+            "keras-vllm: VLLM_ENABLE_V1_MULTIPROCESSING=%s, but this process "
+            "already holds the TPU (JAX ran here), which an engine process "
+            "of its own cannot open; the engine runs in this process. Start "
+            "the engine before any JAX work to serve from its own process.",
+            envs.ENABLE_V1_MULTIPROCESSING.raw(),
+        )
+    else:
+        logger.info(
+            "keras-vllm: this process already holds the TPU (JAX ran here), "
+            "so the engine runs in it rather than in a process of its own."
+        )
+    envs.ENABLE_V1_MULTIPROCESSING.set("0")
+
+
 def choose():
     """Picks how vLLM starts the engine process for an engine made here.
 
     Call before `vllm.LLM(...)`. Nothing changes when this process has no
     JAX runtime (vLLM forks) or `VLLM_WORKER_MULTIPROC_METHOD` says
     `spawn`. An explicit `fork` is overridden, with a warning, as vLLM
-    overrides it when CUDA is initialized: a forked JAX runtime hangs.
+    overrides it when CUDA is initialized: a forked JAX runtime hangs. A
+    process that holds the TPU runs the engine itself (no other process
+    can open the chip).
     """
     global _chosen
+    _in_this_process_on_held_chips()
     asked = envs.WORKER_MULTIPROC_METHOD.raw()
-    if asked not in (None, "fork") or not jax_started():
+    if (
+        asked not in (None, "fork")
+        or not jax_started()
+        or not envs.ENABLE_V1_MULTIPROCESSING.get()
+    ):
         return
     if asked == "fork":
         logger.warning(
