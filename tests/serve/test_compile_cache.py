@@ -21,14 +21,35 @@ _THRESHOLD = "jax_persistent_cache_min_compile_time_secs"
 
 @pytest.fixture
 def jax_cache_config():
-    """Restores the process' JAX cache settings after a test changes them."""
+    """Restores the process' JAX cache settings after a test changes them
+    (and reopens its persistent cache there: `fresh_jax_cache`)."""
     import jax
+    from jax._src import compilation_cache
 
     names = (_THRESHOLD, "jax_compilation_cache_dir")
     before = {name: getattr(jax.config, name) for name in names}
     yield jax.config
     for name, value in before.items():
         jax.config.update(name, value)
+    compilation_cache.reset_cache()
+
+
+def fresh_jax_cache():
+    """Makes this process compile its programs again into the cache
+    directory an engine will set.
+
+    JAX opens its persistent cache once per process, at the first compile
+    after a directory is set, and a later directory does not move it. An
+    engine in this process (a TPU host's, where the test process holds the
+    chip) would write into the cache the process opened for its Keras
+    models, and reuse programs earlier engines compiled, unless both the
+    programs in memory and the opened cache are dropped.
+    """
+    import jax
+    from jax._src import compilation_cache
+
+    jax.clear_caches()
+    compilation_cache.reset_cache()
 
 
 def test_every_program_is_cached_unless_told_otherwise(
@@ -84,10 +105,11 @@ def _served(path, prompts):
 
 
 def test_a_warm_start_reuses_programs_and_serves_the_new_weights(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, jax_cache_config
 ):
-    """Two engine processes, one after the other, on one fresh cache, with
-    the product's warm-up: the first precompiles and writes every program,
+    """Two engines, one after the other, on one fresh cache (each in a
+    process of its own, or both in this one, as on a TPU host whose test
+    process holds the chip), with the product's warm-up: the first precompiles and writes every program,
     then its warm-start marker; the second, on an artifact with other
     weights of the same model, finds the marker, skips the precompilation
     (it does not write the marker again), loads programs as its steps need
@@ -110,6 +132,7 @@ def test_a_warm_start_reuses_programs_and_serves_the_new_weights(
     prompts = testing.prompts()
     markers = os.path.join(cache, warm_start.MARKER_DIR)
 
+    fresh_jax_cache()
     old = _served(paths.old, prompts)
     cold = _entries(cache)
     (marker,) = os.listdir(markers)
