@@ -92,8 +92,9 @@ def _manager(model_type, scheduled, floor=None, dynamic=True):
             else {draft_schedule.MIN_ACCEPTANCE_KEY: floor}
         ),
         input_batch=types.SimpleNamespace(
-            num_reqs=2, req_ids=["a", "b"], num_tokens_no_spec=None,
-            token_ids_cpu=None,
+            num_reqs=2, req_ids=["a", "b"],
+            num_tokens_no_spec=np.array([3, 5]),
+            token_ids_cpu=np.zeros((2, 16), np.int32),
         ),
     )
 
@@ -108,8 +109,10 @@ def _manager(model_type, scheduled, floor=None, dynamic=True):
         ):
             # tpu-inference's n-gram branch, reduced.
             num_spec = self.runner.speculative_config.num_speculative_tokens
+            batch = self.runner.input_batch
             proposed = self.runner.drafter.propose(
-                num_spec, sampled_output, None, None
+                num_spec, sampled_output, batch.num_tokens_no_spec,
+                batch.token_ids_cpu,
             )
             self._draft_token_ids = [t[:num_spec] for t in proposed]
 
@@ -134,11 +137,42 @@ def test_the_batch_size_schedule_sets_the_drafts(sampled_on_the_host):
     manager.propose_draft_token_ids(SAMPLED, scheduler_output=output)
     assert seen == [] and manager._draft_token_ids == [[], []]
     assert "propose" not in vars(manager.runner.drafter)
-    # Without a schedule, or for other models: tpu-inference's drafts.
+    # Without a schedule, or for other models: every draft.
     for model_type, dynamic in ((fmt.MODEL_TYPE, False), ("llama", True)):
         manager, output, seen = _manager(model_type, 0, dynamic=dynamic)
         manager.propose_draft_token_ids(SAMPLED, scheduler_output=output)
         assert seen == [4] and manager._draft_token_ids == [[9] * 4] * 2
+
+
+def test_drafts_continue_the_tokens_just_sampled(sampled_on_the_host):
+    """vLLM's n-gram lookup on a request whose text repeats every three
+    tokens: tpu-inference 0.32.0 drafted before appending the step's token,
+    so its drafts continued the text one token back and were rejected."""
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+    from keras_vllm import format as fmt
+
+    config = types.SimpleNamespace(
+        speculative_config=types.SimpleNamespace(
+            prompt_lookup_min=2, prompt_lookup_max=4,
+            num_speculative_tokens=4,
+        ),
+        model_config=types.SimpleNamespace(max_model_len=16),
+        scheduler_config=types.SimpleNamespace(max_num_seqs=2),
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=1),
+    )
+    manager, output, _ = _manager(fmt.MODEL_TYPE, 4, dynamic=False)
+    batch = manager.runner.input_batch
+    manager.runner.drafter = NgramProposer(config)
+    batch.num_reqs, batch.req_ids = 1, ["a"]
+    batch.token_ids_cpu[0, :8] = [5, 6, 7, 5, 6, 7, 5, 6]
+    batch.num_tokens_no_spec = np.array([8, 0])
+    # This step gave "a" a 7: what follows is 5, 6, 7, 5, ...
+    manager.propose_draft_token_ids([[7]], scheduler_output=output)
+    assert manager._draft_token_ids[0][:3] == [5, 6, 7]
+    # The runner appends the 7 itself afterwards, where it already is.
+    assert batch.token_ids_cpu[0, :9].tolist() == [5, 6, 7] * 3
+    assert batch.num_tokens_no_spec.tolist() == [8, 0]
 
 
 def test_the_acceptance_floor_pauses_drafting(sampled_on_the_host):

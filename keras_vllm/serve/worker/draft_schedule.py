@@ -1,4 +1,5 @@
-"""N-gram drafting that steps aside: by batch size, and by acceptance.
+"""N-gram drafting that steps aside (by batch size, and by acceptance) and
+looks up the tokens a step just sampled.
 
 A verify step costs more than a plain one (it runs the drafts through the
 model too: 1.7-1.8x a plain step on a TPU v5e at the bench's 128M model,
@@ -34,6 +35,11 @@ step's sampled tokens) with synchronous scheduling (vLLM turns async off
 with n-gram), `_prepare_inputs` runs with the config hidden in such steps,
 and `extract_last_sampled_tokens` of a plain step returns nothing (no
 caller reads it for n-gram).
+
+For a keras-vllm artifact the n-gram lookup also reads the tokens the
+step just sampled (`_propose_after`): tpu-inference 0.32.0 drafts before it
+appends them, so its drafts lagged a step and, on text that repeats with a
+period above one token, were all rejected.
 
 `install()` wraps the n-gram branch of `propose_draft_token_ids` and
 `_prepare_inputs` for runners serving a keras-vllm artifact;
@@ -137,6 +143,31 @@ def _sampled_tokens(runner, arguments):
     )
 
 
+def _propose_after(runner, count, sampled):
+    """The n-gram drafts of `count` tokens for each request, looked up in its
+    tokens up to and including `sampled`, those this step gave it.
+
+    tpu-inference 0.32.0 drafts before it appends the step's tokens to the
+    input batch (`TPUModelRunner._sample_from_logits`), so its lookup ran a
+    step behind: each draft continued the text before the tokens just
+    sampled and, on text repeating with a period above one token, was
+    rejected (vLLM's GPU runner appends first). The tokens go where the
+    runner writes them next (the same values) and the lookup reads up to
+    the lengths they will give.
+    """
+    import numpy as np
+
+    batch = runner.input_batch
+    lengths = np.array(batch.num_tokens_no_spec, copy=True)
+    room = batch.token_ids_cpu.shape[1]
+    for index, tokens in enumerate(sampled):
+        start = int(lengths[index])
+        end = min(start + len(tokens), room)
+        batch.token_ids_cpu[index, start:end] = tokens[: end - start]
+        lengths[index] = end
+    return runner.drafter.propose(count, sampled, lengths, batch.token_ids_cpu)
+
+
 def _scheduled(original):
     signature = inspect.signature(original)
 
@@ -158,8 +189,6 @@ def _scheduled(original):
         count = config.num_speculative_tokens
         if config.uses_dynamic_speculative_decoding():
             count = min(count, scheduler_output.num_spec_tokens_to_schedule)
-        if gate is None and count == config.num_speculative_tokens:
-            return original(self, *args, **kwargs)
         num_reqs = runner.input_batch.num_reqs
         req_ids = list(runner.input_batch.req_ids[:num_reqs])
         if count <= 0:
@@ -177,10 +206,7 @@ def _scheduled(original):
             return None
         if sampled is None:
             sampled = _sampled_tokens(runner, arguments)[:num_reqs]
-        drafts = runner.drafter.propose(
-            count, sampled, runner.input_batch.num_tokens_no_spec,
-            runner.input_batch.token_ids_cpu,
-        )
+        drafts = _propose_after(runner, count, sampled)
         self._draft_token_ids = [list(d[:count]) for d in drafts]
         return None
 
