@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 
@@ -303,23 +304,25 @@ def test_serve_takes_preset_before_or_after_the_artifact(argv):
 def test_demo_compares_full_precision_matmuls_on_an_accelerator(monkeypatch):
     # A TPU's default float32 matmul takes bfloat16 passes: the demo's
     # token-for-token comparison drifted there (5 of 6 prompts equal on the
-    # lent v5e) until both sides ran "highest".
+    # lent v5e) until both sides ran "highest". The demo sets the variable
+    # itself, so the whole environment is restored afterwards.
     import jax
 
     from keras_vllm.cli import demo
 
-    monkeypatch.delenv("JAX_DEFAULT_MATMUL_PRECISION", raising=False)
     previous = jax.config.jax_default_matmul_precision
-    assert demo._float32_matmuls_in_full() is None  # this CPU host
-    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
-    try:
-        assert demo._float32_matmuls_in_full() == "tpu"
-        assert os.environ["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"
-        assert jax.config.jax_default_matmul_precision == "highest"
-        # A precision the user chose is theirs.
-        jax.config.update("jax_default_matmul_precision", previous)
-        monkeypatch.setenv("JAX_DEFAULT_MATMUL_PRECISION", "default")
-        assert demo._float32_matmuls_in_full() is None
-        assert jax.config.jax_default_matmul_precision == previous
-    finally:
-        jax.config.update("jax_default_matmul_precision", previous)
+    with mock.patch.dict(os.environ):
+        os.environ.pop("JAX_DEFAULT_MATMUL_PRECISION", None)
+        assert demo._float32_matmuls_in_full() is None  # this CPU host
+        monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+        try:
+            assert demo._float32_matmuls_in_full() == "tpu"
+            assert os.environ["JAX_DEFAULT_MATMUL_PRECISION"] == "highest"
+            assert jax.config.jax_default_matmul_precision == "highest"
+            # A precision the user chose is theirs.
+            jax.config.update("jax_default_matmul_precision", previous)
+            os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "default"
+            assert demo._float32_matmuls_in_full() is None
+            assert jax.config.jax_default_matmul_precision == previous
+        finally:
+            jax.config.update("jax_default_matmul_precision", previous)

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from unittest import mock
 
 _SCRIPT = textwrap.dedent(
     """
@@ -244,23 +245,29 @@ def test_a_process_that_holds_the_tpu_runs_the_engine_itself(
 ):
     # A TPU opens in one process at a time: after JAX ran on it here (a
     # fine-tune, `generate()`), an engine process of its own cannot open it
-    # (seen on the lent v5e with `keras-vllm demo`).
+    # (seen on the lent v5e with `keras-vllm demo`). `choose()` sets
+    # variables itself, so the whole environment is restored afterwards.
+    with mock.patch.dict(os.environ):
+        _holds_the_tpu_checks(monkeypatch, caplog)
+
+
+def _holds_the_tpu_checks(monkeypatch, caplog):
     import logging
+
+    import jax.numpy as jnp
 
     from keras_vllm.serve.process import start as engine_process
 
     for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD"):
-        monkeypatch.delenv(name, raising=False)
+        os.environ.pop(name, None)
     monkeypatch.setattr(engine_process, "install", lambda: None)
+    monkeypatch.setattr(engine_process, "_chosen", False)
     # On this CPU host JAX runs, but holds no TPU: nothing changes.
-    import jax.numpy as jnp
-
     jnp.zeros(1).block_until_ready()
     assert not engine_process.holds_tpu()
-    monkeypatch.setattr(engine_process, "_chosen", False)
     engine_process.choose()
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
-    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    os.environ.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
 
     monkeypatch.setattr(engine_process, "holds_tpu", lambda: True)
     with caplog.at_level(logging.INFO, logger="keras_vllm"):
@@ -273,7 +280,7 @@ def test_a_process_that_holds_the_tpu_runs_the_engine_itself(
 
     # Asked for an engine process explicitly: the same, with a warning.
     caplog.clear()
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     with caplog.at_level(logging.INFO, logger="keras_vllm"):
         engine_process.choose()
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
