@@ -62,17 +62,24 @@ _IMPORT_TIME_PREFIXES = ("JAX_", "KERAS_", "TF_", "VLLM_", "TPU_", "PJRT_")
 _READ_WHEN_USED = ("KERAS_VLLM_", "VLLM_WORKER_MULTIPROC_METHOD")
 
 
-def jax_started():
-    """Whether this process has already started a JAX runtime."""
+def _started_backends():
+    """The names of the JAX backends this process has started (an empty
+    set without JAX), or None where jax's internals are unknown."""
     if "jax" not in sys.modules:
-        return False
+        return set()
     try:
         from jax._src import xla_bridge
 
-        return bool(xla_bridge._backends)
+        return set(xla_bridge._backends)
     except (ImportError, AttributeError):
-        # Unknown jax internals: assume started, a clean start is safe.
-        return True
+        return None
+
+
+def jax_started():
+    """Whether this process has already started a JAX runtime."""
+    backends = _started_backends()
+    # Unknown jax internals: assume started, a clean start is safe.
+    return backends is None or bool(backends)
 
 
 def _import_time_environment():
@@ -222,14 +229,7 @@ def install():
 
 def holds_tpu():
     """Whether this process's JAX runtime has opened a TPU."""
-    if not jax_started():
-        return False
-    try:
-        from jax._src import xla_bridge
-
-        return "tpu" in xla_bridge._backends
-    except (ImportError, AttributeError):
-        return False
+    return "tpu" in (_started_backends() or ())
 
 
 def _in_this_process_on_held_chips():
