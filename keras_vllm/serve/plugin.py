@@ -54,8 +54,10 @@ def register():
     from keras_vllm.serve.process import start as engine_process
 
     # A plain `vllm.LLM(artifact)` in a process running JAX (one that just
-    # trained) must not fork its engine process.
+    # trained) must not fork its engine process, and in one holding the TPU
+    # runs its engine itself (no process of its own could open the chip).
     engine_process.install()
+    engine_process.run_here_if_holding_tpu()
     _keras_variables_reach_ray_workers()
     from keras_vllm.cpu import detect
 

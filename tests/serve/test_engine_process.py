@@ -286,3 +286,23 @@ def _holds_the_tpu_checks(monkeypatch, caplog):
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     assert "VLLM_ENABLE_V1_MULTIPROCESSING=1, but this process" in caplog.text
+
+
+# ~2 s of CI (vLLM's plugin registrations are idempotent; the TPU's presence
+# is stood in for).
+def test_a_plain_vllm_llm_in_a_process_holding_the_tpu_runs_there(monkeypatch):
+    # `vllm.LLM(artifact)` reads its arguments (`EngineArgs.__post_init__`,
+    # which loads vLLM's plugins, keras-vllm's `register` among them) before
+    # `LLMEngine.from_engine_args` reads VLLM_ENABLE_V1_MULTIPROCESSING to
+    # decide where the engine runs: the plugin is where a plain `vllm.LLM`
+    # in a process holding the TPU learns to serve in it.
+    from keras_vllm.serve import plugin
+    from keras_vllm.serve.process import start as engine_process
+
+    with mock.patch.dict(os.environ):
+        os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        plugin.register()
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+        monkeypatch.setattr(engine_process, "holds_tpu", lambda: True)
+        plugin.register()
+        assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"

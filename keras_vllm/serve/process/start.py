@@ -232,14 +232,18 @@ def holds_tpu():
     return "tpu" in (_started_backends() or ())
 
 
-def _in_this_process_on_held_chips():
+def run_here_if_holding_tpu():
     """Runs the engine in this process when this process holds the TPU.
 
     A TPU opens in one process at a time: after a model trained, exported
     or ran `generate()` here, an engine process of its own cannot open the
     chip. The engine then runs in this process
     (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), beside the caller's arrays (vLLM
-    sizes its KV cache from what is free).
+    sizes its KV cache from what is free). `choose()` asks before
+    `KerasVllmEngine.from_export` makes its `vllm.LLM`; keras-vllm's plugin
+    asks when vLLM loads it, which vLLM does while reading an engine's
+    arguments, before it decides where the engine runs: a plain
+    `vllm.LLM(artifact)` is covered too.
     """
     if not envs.ENABLE_V1_MULTIPROCESSING.get() or not holds_tpu():
         return
@@ -270,7 +274,7 @@ def choose():
     can open the chip).
     """
     global _chosen
-    _in_this_process_on_held_chips()
+    run_here_if_holding_tpu()
     asked = envs.WORKER_MULTIPROC_METHOD.raw()
     if (
         asked not in (None, "fork")
