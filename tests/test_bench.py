@@ -237,6 +237,33 @@ def test_speculative_bench_acceptance_figures():
     assert max(max(p["prompt_token_ids"]) for p in prompts) < 100
 
 
+# ~10 s of CI (the tiny bench model built and decoded by Keras twice).
+def test_the_cycling_workload_repeats_a_phrase_longer_than_a_token():
+    """`bench.speculative`'s `cycling` model: Keras' greedy output goes
+    round the prompt's last token's group of `CYCLE` ids (text repeating a
+    5-token phrase, not one token), from any prompt."""
+    import numpy as np
+
+    from keras_vllm.bench import speculative
+    from keras_vllm.hub import reference
+
+    model = models.build("tiny", tie_word_embeddings=False)
+    vocabulary = 200
+    following = speculative.cycle_through(model, vocabulary)
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        prompt = rng.integers(0, vocabulary, 12).tolist()
+        new = reference.greedy_continuation(model, prompt, 12, [])
+        expected, token = [], prompt[-1]
+        for _ in range(12):
+            token = int(following[token])
+            expected.append(token)
+        assert new == expected
+        assert len(set(new)) == speculative.CYCLE
+    with pytest.raises(ValueError, match="untied"):
+        speculative.cycle_through(models.build("tiny"), vocabulary)
+
+
 def test_speculation_aside_variants_and_table():
     from keras_vllm.bench import speculation_aside as aside
 

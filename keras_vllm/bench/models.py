@@ -57,15 +57,17 @@ def config(name):
     return dict(MODELS[name], name=name)
 
 
-def build(name):
+def build(name, **backbone):
     """A fresh, randomly initialised model; equal calls give equal weights
-    (`build_tiny_causal_lm` seeds its initialisation)."""
+    (`build_tiny_causal_lm` seeds its initialisation). `backbone`: more
+    backbone arguments (e.g. `tie_word_embeddings=False`)."""
     from keras_vllm import testing
 
     overrides = {
         k: v for k, v in MODELS[name].items()
         if k not in ("family", "vocabulary_size")
     }
+    overrides.update(backbone)
     vocabulary = MODELS[name].get("vocabulary_size")
     if vocabulary:
         overrides["filled_vocabulary"] = vocabulary

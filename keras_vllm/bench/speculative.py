@@ -17,6 +17,12 @@ after the other: without speculation, and with n-gram speculation
   that repeats itself, where every draft the n-gram lookup makes is
   accepted once the output has repeated (the best case; code edits,
   extraction and other output that copies its context come close to it);
+- `cycling`: the same, with an output head of its own (untied) whose
+  column for each token reads the embedding of the token before it in a
+  fixed group of `CYCLE` ids, so greedy decoding goes round that group from
+  the prompt's last token: text that repeats a 5-token phrase, where the
+  lookup must continue the phrase from the right place (a draft one token
+  late is rejected here, where in `repeating` it is the same token);
 - `varied`: the model rescaled as the main benchmark's (`models.perturb`),
   whose greedy output varies with the prompt and rarely repeats a pair of
   tokens the lookup could draft from.
@@ -51,7 +57,9 @@ SPECULATIVE_CONFIG = {
     "prompt_lookup_min": 2,
     "prompt_lookup_max": 4,
 }
-WORKLOADS = ("repeating", "varied")
+WORKLOADS = ("repeating", "cycling", "varied")
+# The `cycling` workload's period, in tokens.
+CYCLE = 5
 PROMPT_TOKENS = 32
 REPEATS = 3
 
@@ -79,18 +87,52 @@ def repeat_last_token(causal_lm):
             variable.assign(variable.value * 1e-3)
 
 
+def cycle_through(causal_lm, vocabulary, period=CYCLE):
+    """Makes greedy decoding go round groups of `period` token ids.
+
+    Ids below `vocabulary` fall in groups `[g * period, (g + 1) * period)`;
+    the token after `t` is the next id of its group (wrapping). With the
+    kernels scaled down (`repeat_last_token`) each position's hidden state
+    points along its own token's embedding, so an output head whose column
+    for `s` is the embedding of the token `s` follows scores that token
+    highest. Needs an untied head (`tie_word_embeddings=False`).
+    """
+    import numpy as np
+
+    repeat_last_token(causal_lm)
+    embedding = causal_lm.backbone.token_embedding
+    if getattr(embedding, "tie_weights", True):
+        raise ValueError("cycle_through needs an untied output head.")
+    table = np.asarray(embedding.embeddings)
+    ids = np.arange(table.shape[0])
+    grouped = ids < vocabulary - vocabulary % period
+    following = np.where(
+        grouped, ids - ids % period + (ids + 1) % period, ids
+    )
+    previous = np.empty_like(ids)
+    previous[following] = ids
+    head = table[previous].T
+    embedding.reverse_embeddings.assign(
+        head.astype(embedding.reverse_embeddings.dtype)
+    )
+    return following
+
+
 def workload_artifact(model_name, workload):
     """Exports `model_name`'s bench model shaped for `workload`
     (`WORKLOADS`); returns the artifact's path and the vocabulary random
     prompts draw from (ids below the first special token)."""
-    model = models.build(model_name)
-    if workload == "varied":
-        models.perturb(model)
-    else:
-        repeat_last_token(model)
+    untied = {"tie_word_embeddings": False} if workload == "cycling" else {}
+    model = models.build(model_name, **untied)
     tokenizer = model.preprocessor.tokenizer
     special = [int(i) for i in tokenizer.special_token_ids]
     vocabulary = min(special) if special else tokenizer.vocabulary_size()
+    if workload == "varied":
+        models.perturb(model)
+    elif workload == "cycling":
+        cycle_through(model, vocabulary)
+    else:
+        repeat_last_token(model)
     return engine_rate.export(model, workload), vocabulary
 
 
