@@ -88,6 +88,9 @@ FEATURES = {
         "tests/serve/test_serving_families.py::test_greedy_matches_generate",
     ],
     "speculative decoding refusals": ["tests/serve/test_speculation.py::"],
+    "speculative decoding through recurrent state, drafts accepted": [
+        "tests/serve/test_hybrid_speculation.py::",
+    ],
     "Hugging Face origin equal to transformers": [
         "tests/export/test_hf_transformers_parity.py::",
     ],

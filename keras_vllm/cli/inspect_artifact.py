@@ -124,7 +124,8 @@ def kv_cache_lines(artifact):
         lines.append(
             f"recurrent state {len(config['recurrent_state_layers'])} "
             f"layers, {_size(state)} per sequence (one slot per running "
-            "sequence, whatever its length)"
+            "sequence, whatever its length; num_speculative_tokens + 1 "
+            "slots when speculating)"
         )
     return lines
 

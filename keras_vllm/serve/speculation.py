@@ -28,12 +28,17 @@ the output:
 - drafting (n-gram or MTP) on an artifact whose layers write, for a
   token, something that depends on more than the tokens up to it. A
   verify step runs the drafted tokens through the model, and rejected
-  drafts are only harmless where what they wrote is never read: a recurrent state (the artifact's
-  `recurrent_state_layers`: Gated DeltaNet) absorbs every token of the step
-  and tpu-inference keeps no per-draft copy to roll back to; keys rotated
-  with factors chosen by the step's sequence length (Phi-3's "su" RoPE,
-  the artifact's `prefix_caching: false`) change when the step also holds
-  drafts. Both keyed on what the artifact declares, not on its family;
+  drafts are only harmless where what they wrote is never read: keys
+  rotated with factors chosen by the step's sequence length (Phi-3's "su"
+  RoPE, the artifact's `prefix_caching: false`) change when the step also
+  holds drafts. Keyed on what the artifact declares, not on its family.
+  Layers with a recurrent state (`recurrent_state_layers`: Gated DeltaNet)
+  absorb every token of a step, and do speculate: while the engine
+  speculates they keep a state per draft position in the slots the runner
+  gives each request, and the next step reads the last accepted token's
+  (`layers/common/gated_delta_rule.py::conv1d_gdn_windowed`; on a TPU in
+  place of the GDN Pallas kernel, which tpu-inference 0.32 does not drive
+  so);
 - drafting on an artifact that serves images: in a step that carries an
   image, placeholder tokens attend to their run both ways, and a run of
   drafted placeholder tokens would too;
@@ -270,8 +275,11 @@ def _check_assistant(artifact, model):
 
 
 def _check_layers(artifact):
-    config = artifact.read_json(fmt.CONFIG_FILE)
-    state = config.get("recurrent_state_layers")
+    # Layers with a recurrent state speculate exactly: they keep a state
+    # per draft position while the engine speculates (see the docstring).
+    # Their state rules out prefix caching (`prefix_caching: false`),
+    # which then says nothing about the attention keys.
+    state = artifact.read_json(fmt.CONFIG_FILE).get("recurrent_state_layers")
     why = None
     if "image" in fmt.served_modalities(artifact.manifest):
         why = (
@@ -281,14 +289,7 @@ def _check_layers(artifact):
             "text decoder alone speculates exactly: re-export it without "
             "an image converter to serve text only"
         )
-    elif state:
-        why = (
-            f"its layers {list(state)} keep a recurrent state (linear "
-            "attention) that every token of a step rewrites, rejected draft "
-            "tokens included, and vLLM's TPU backend keeps no per-draft "
-            "copy of it to roll back to"
-        )
-    elif not fmt.prefix_caching(artifact.manifest):
+    elif not state and not fmt.prefix_caching(artifact.manifest):
         why = (
             "its attention keys depend on the sequence's length at the step "
             "that writes them (a rotary embedding whose factors follow the "

@@ -74,10 +74,12 @@ SPECULATIVE = {
     },
     "per_request_spec_decode_metrics": "summary",
 }
-# Refused speculation by what their tested artifacts declare: Qwen 3.5's
-# recurrent-state layers; the tiny Phi-3's "su" RoPE (keys that depend on
-# the step's sequence length, `prefix_caching: false`).
-NOT_SPECULATING = ("phi3", "qwen3_5", "qwen3_5_moe")
+# Refused speculation by what its tested artifact declares: the tiny Phi-3's
+# "su" RoPE (keys that depend on the step's sequence length,
+# `prefix_caching: false`). Qwen 3.5's recurrent-state layers speculate,
+# keeping a state per draft position (`gated_delta_rule.
+# conv1d_gdn_windowed`).
+NOT_SPECULATING = ("phi3",)
 
 
 def check_drafts_verified(outputs, accepted=True):

@@ -77,20 +77,26 @@ def test_incomplete_configs_are_refused(config, says):
 
 
 def test_layers_whose_writes_depend_on_more_than_their_tokens_are_refused():
+    length_keyed = _artifact(manifest={"prefix_caching": False})
+    with pytest.raises(ServingError) as info:
+        speculation.check(length_keyed, {"speculative_config": NGRAM})
+    assert "sequence's length" in str(info.value)
+    assert "without speculative_config" in str(info.value)
+    # Without speculation it serves as before.
+    speculation.check(length_keyed, {})
+
+
+def test_layers_with_a_recurrent_state_speculate():
+    """Recurrent-state layers keep a state per draft position while the
+    engine speculates (`gated_delta_rule.conv1d_gdn_windowed`): nothing to
+    refuse. Their state rules out prefix caching (`prefix_caching: false`,
+    as Qwen 3.5 artifacts declare), which is not the length-keyed case."""
     state = _artifact({
         "recurrent_state_layers": [0, 1, 2],
         "recurrent_state_shapes": [[3, 8], [2, 4, 4]],
         "recurrent_state_dtypes": ["float32", "float32"],
     }, {"prefix_caching": False})
-    with pytest.raises(ServingError) as info:
-        speculation.check(state, {"speculative_config": NGRAM})
-    assert "layers [0, 1, 2] keep a recurrent state" in str(info.value)
-    assert "without speculative_config" in str(info.value)
-    length_keyed = _artifact(manifest={"prefix_caching": False})
-    with pytest.raises(ServingError, match="sequence's length"):
-        speculation.check(length_keyed, {"speculative_config": NGRAM})
-    # Without speculation both serve as before.
-    speculation.check(state, {})
+    speculation.check(state, {"speculative_config": NGRAM})
 
 
 def test_data_parallel_speculation_is_refused():

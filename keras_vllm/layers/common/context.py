@@ -45,12 +45,16 @@ class ServingContext:
             generated token's position is at least its prompt length, so
             `max(prompt_lengths, positions + 1)`, a token's sequence length
             counting the whole prompt, is the same either way.
+        state_window: recurrent-state slots per request: the engine's
+            `num_speculative_tokens + 1`, a state kept per draft position
+            (`gated_delta_rule.conv1d_gdn_windowed`); 1 without speculation.
     """
 
     def __init__(self, kv_caches, attention_metadata, positions, mesh=None,
                  lora_slots=None, cache_of_layer=None, attend_until=None,
-                 prompt_lengths=None):
+                 prompt_lengths=None, state_window=1):
         self.kv_caches = list(kv_caches)
+        self.state_window = int(state_window)
         self.attend_until = attend_until
         self.prompt_lengths = prompt_lengths
         self.lora_slots = lora_slots

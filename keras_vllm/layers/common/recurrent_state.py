@@ -13,7 +13,10 @@ A layer kind with recurrent state declares what it needs with
 and decodes together) with `paged_gated_delta_rule`, which calls
 tpu-inference's op (`run_jax_gdn_attention`) with the kernel
 `gated_delta_rule.kernel_for` picks: tpu-inference's Pallas kernel on a TPU
-for the head sizes it takes, the portable JAX one elsewhere.
+for the head sizes it takes, the portable JAX one elsewhere, and while the
+engine speculates the portable one that keeps a state per draft position
+(in the `num_speculative_tokens + 1` slots the runner then gives each
+request), so that rejected drafts leave the state as it was.
 
 Nothing here names a model family.
 """
@@ -165,7 +168,7 @@ class PagedRecurrentState:
             kernel_size=kernel_size,
             mesh=mesh,
             conv1d_gdn_kernel=gated_delta_rule.kernel_for(
-                key_head_dim, value_head_dim
+                key_head_dim, value_head_dim, context.state_window
             ),
         )
         context.write_cache(self.kv_layer_index, (new_conv, new_recurrent))

@@ -60,6 +60,14 @@ class KerasVllmForCausalLM(nnx.Module):
         # replaced by a live update).
         self.artifact = None
         self.dtype_name = jnp.dtype(vllm_config.model_config.dtype).name
+        # Recurrent-state slots per request: with speculation the runner
+        # gives each request `num_speculative_tokens + 1`
+        # (tpu-inference's `mamba_blocks_per_request`), a state per draft
+        # position. Static for the engine's life, so fixed at trace time.
+        speculative = vllm_config.speculative_config
+        self.state_window = 1 + (
+            int(speculative.num_speculative_tokens or 0) if speculative else 0
+        )
 
     def load_weights(self, *args, **kwargs):
         """Builds the backbone from the artifact and swaps in paged layers."""
@@ -215,6 +223,7 @@ class KerasVllmForCausalLM(nnx.Module):
             cache_of_layer=self._cache_of_layer(layer_name_to_kvcache_index),
             prompt_lengths=input_positions
             if getattr(self, "uses_prompt_lengths", False) else None,
+            state_window=getattr(self, "state_window", 1),
         )
 
     def _cache_of_layer(self, layer_name_to_kvcache_index):

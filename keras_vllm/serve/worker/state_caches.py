@@ -120,7 +120,9 @@ def hybrid_specs(manager, original, layers):
         # pool out of the device budget, as tpu-inference does for its
         # hybrids. On CPU the engine's own cap plans the cache
         # (`keras_vllm.cpu.kv_capacity`) and the runner's default pool of
-        # `max_num_seqs + 1` slots is what a step can use.
+        # `max_num_seqs + 1` slots is what a step can use
+        # (`max_num_seqs * (num_speculative_tokens + 1) + 1` when
+        # speculating: a state per draft position).
         manager._maybe_set_compact_mamba_num_blocks_override(
             attn_page, state_page, len(attention), len(layers)
         )
