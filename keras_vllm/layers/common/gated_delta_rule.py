@@ -34,7 +34,6 @@ op never passes the Pallas kernel's own per-draft arguments
 """
 
 import functools
-
 import logging
 
 logger = logging.getLogger("keras_vllm")
