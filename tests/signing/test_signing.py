@@ -439,8 +439,10 @@ def test_each_worker_verifies_before_it_reads(
 
     monkeypatch.setenv(envs.PUBLIC_KEY.name, keys["ours"][1])
     case = artifacts["cases"][name]
+    # What the model reads of vLLM's `VllmConfig` (no speculation).
     config = SimpleNamespace(
-        model_config=SimpleNamespace(model=case[0], dtype="float32")
+        model_config=SimpleNamespace(model=case[0], dtype="float32"),
+        speculative_config=None,
     )
     with pytest.raises(keras_vllm.SignatureError) as raised:
         KerasVllmForCausalLM(config).load_weights()
