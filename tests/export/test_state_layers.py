@@ -186,10 +186,6 @@ def test_inspect_counts_state_per_sequence_and_refuses_tensor_parallel():
     assert capacity.state_bytes_per_sequence(config) == (
         3 * STATE.bytes_per_sequence()
     )
-    # Speculating with 4 drafted tokens: a state per draft position.
-    assert capacity.state_bytes_per_sequence(config, speculative_tokens=4) == (
-        5 * 3 * STATE.bytes_per_sequence()
-    )
     rows = capacity.kv_by_kind(config, "float32")
     assert [(r["layers"], r["caches"]) for r in rows] == [(1, 1)]
     assert tensor_parallel.refusal(config, 1) is None

@@ -73,8 +73,9 @@ def kernel_for(key_head_dim, value_head_dim, state_window=1):
 
     on_tpu = jax.default_backend() == "tpu"
     shape = (key_head_dim, value_head_dim)
+    pallas = on_tpu and pallas_takes(*shape, _tpu_lanes())
     if state_window > 1:
-        if on_tpu and pallas_takes(*shape, _tpu_lanes()):
+        if pallas:
             _warn_once(
                 ("window",) + shape,
                 "keras-vllm: speculative decoding on linear-attention "
@@ -88,17 +89,16 @@ def kernel_for(key_head_dim, value_head_dim, state_window=1):
         return functools.partial(
             conv1d_gdn_windowed, window=int(state_window)
         )
-    if not on_tpu:
-        return conv1d_gdn
-    if pallas_takes(key_head_dim, value_head_dim, _tpu_lanes()):
+    if pallas:
         return None
-    _warn_once(
-        shape,
-        "keras-vllm: linear-attention heads of %d (key) and %d (value) "
-        "dims: tpu-inference's GDN Pallas kernel takes multiples of %d "
-        "only, so these layers run the portable JAX gated delta rule "
-        "(exact, slower)." % (key_head_dim, value_head_dim, _tpu_lanes()),
-    )
+    if on_tpu:
+        _warn_once(
+            shape,
+            "keras-vllm: linear-attention heads of %d (key) and %d (value) "
+            "dims: tpu-inference's GDN Pallas kernel takes multiples of %d "
+            "only, so these layers run the portable JAX gated delta rule "
+            "(exact, slower)." % (key_head_dim, value_head_dim, _tpu_lanes()),
+        )
     return conv1d_gdn
 
 

@@ -66,17 +66,13 @@ def cache_shapes(config):
     ]
 
 
-def state_bytes_per_sequence(config, speculative_tokens=0):
+def state_bytes_per_sequence(config):
     """Bytes of recurrent state one sequence keeps, over all the layers
     with a recurrent state (format 1.10; 0 without): vLLM holds one such
     slot per sequence the engine runs at once (`max_num_seqs`), plus one.
-    A speculating engine holds `speculative_tokens + 1` slots a sequence,
-    a state per draft position (`gated_delta_rule.conv1d_gdn_windowed`).
-
-    Args:
-        config: the artifact's `config.json`.
-        speculative_tokens: the engine's `num_speculative_tokens` (0: no
-            speculation).
+    A speculating engine holds `num_speculative_tokens + 1` slots a
+    sequence, a state per draft position
+    (`gated_delta_rule.conv1d_gdn_windowed`).
 
     Example:
 
@@ -90,7 +86,7 @@ def state_bytes_per_sequence(config, speculative_tokens=0):
             config.get("recurrent_state_dtypes") or (),
         )
     )
-    return layers * per_layer * (1 + int(speculative_tokens))
+    return layers * per_layer
 
 
 def _kinds(config):

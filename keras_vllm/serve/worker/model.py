@@ -223,7 +223,7 @@ class KerasVllmForCausalLM(nnx.Module):
             cache_of_layer=self._cache_of_layer(layer_name_to_kvcache_index),
             prompt_lengths=input_positions
             if getattr(self, "uses_prompt_lengths", False) else None,
-            state_window=getattr(self, "state_window", 1),
+            state_window=self.state_window,
         )
 
     def _cache_of_layer(self, layer_name_to_kvcache_index):
