@@ -29,6 +29,7 @@ is one clear error instead of a failure deep inside a private function.
 
 import importlib.metadata
 import sys
+import weakref
 
 from keras_vllm.errors import ServingError
 
@@ -45,6 +46,10 @@ ADDED = "added by keras-vllm"
 
 # "module.Owner.name" of every replacement made in this process.
 _REPLACED = {}
+# "module.Owner().name" of replacements on one object (an engine's runner):
+# held weakly, so that the record does not keep the object, and with it the
+# engine's KV cache and weights, alive after the engine shuts down.
+_REPLACED_ON_OBJECTS = weakref.WeakValueDictionary()
 
 
 def installed_version(package):
@@ -159,7 +164,7 @@ def replace(owner, name, make, everywhere=None):
     setattr(owner, name, replacement)
     if everywhere is not None:
         _rebind(current, replacement, everywhere)
-    _REPLACED[f"{_owner_name(owner)}.{name}"] = replacement
+    _record(owner, name, replacement)
     return replacement
 
 
@@ -179,13 +184,24 @@ def add(owner, name, value):
         )
     setattr(_function(value), MARKER, ADDED)
     setattr(owner, name, value)
-    _REPLACED[f"{_owner_name(owner)}.{name}"] = value
+    _record(owner, name, value)
     return value
 
 
 def replacements():
-    """`{"module.Owner.name": replacement}` of what this process replaced."""
-    return dict(_REPLACED)
+    """`{"module.Owner.name": replacement}` of what this process replaced
+    (and still holds, for replacements on one object)."""
+    return {**_REPLACED, **_REPLACED_ON_OBJECTS}
+
+
+def _record(owner, name, value):
+    key = f"{_owner_name(owner)}.{name}"
+    if isinstance(owner, type) or hasattr(owner, "__name__"):
+        _REPLACED[key] = value
+    else:
+        # A replacement on one object references the method it replaced,
+        # bound to that object (`MARKER`).
+        _REPLACED_ON_OBJECTS[key] = value
 
 
 def _owner_name(owner):

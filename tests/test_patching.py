@@ -32,6 +32,26 @@ def test_replace_once_marks_and_lists_the_replacement():
     assert patching.replacements()["fakeupstream_a.greet"] is first
 
 
+def test_a_replacement_on_one_object_does_not_keep_it_alive():
+    # An engine's runner patched per instance: the record of the patch
+    # must not hold the runner (and its KV cache) after the engine is gone.
+    import gc
+    import weakref
+
+    class Runner:
+        def step(self):
+            return "compiled"
+
+    runner = Runner()
+    patching.replace(runner, "step", lambda original: lambda: "skipped")
+    assert runner.step() == "skipped"
+    assert any(k.endswith(".Runner().step") for k in patching.replacements())
+    gone = weakref.ref(runner)
+    del runner
+    gc.collect()
+    assert gone() is None
+
+
 def test_everywhere_rebinds_copies_bound_by_name():
     def size():
         return 1

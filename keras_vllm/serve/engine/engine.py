@@ -46,6 +46,9 @@ class KerasVllmEngine:
         # vLLM's `LLM` is synchronous: one generate or update at a time.
         self._lock = threading.RLock()
         self._live_updates = 0
+        # Whether the served weights may be the caller's own arrays (after
+        # an in-process update from a live model): kept at shutdown.
+        self._caller_arrays = False
         updates.label_weights(self)
 
     @classmethod
@@ -171,6 +174,15 @@ class KerasVllmEngine:
         if llm is None:
             return
         engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None and updates.in_process(llm):
+            # Its arrays freed now, whatever still references the engine
+            # (the worker method says who does); not the caller's own.
+            try:
+                llm.collective_rpc("keras_vllm_release_device_memory",
+                                   args=(not self._caller_arrays,))
+            except Exception as e:  # Shutting down goes on regardless.
+                logger.warning("keras-vllm: the engine's device memory is "
+                               "freed when Python collects it (%s).", e)
         if engine_core is not None and hasattr(engine_core, "shutdown"):
             import psutil
 
@@ -180,12 +192,8 @@ class KerasVllmEngine:
                 # vLLM lists the engine process's children while it exits
                 # (`kill_process_tree`); gone is what shutdown wants.
                 pass
-        # An engine in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)
-        # holds its weights and KV cache in reference cycles (vLLM's engine,
-        # executor and runner point at each other), so they stay on the
-        # device until Python's collector next runs. The next engine's start
-        # counts them as used: on a TPU, whose cache fills most of the chip,
-        # it failed ("total_hbm_used_gb ... exceeds total_hbm_limit_cap_gb").
+        # An engine in this process holds its objects in reference cycles
+        # (vLLM's engine, executor and runner point at each other).
         del llm, engine_core
         gc.collect()
 

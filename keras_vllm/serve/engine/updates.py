@@ -14,7 +14,8 @@ from keras_vllm.errors import ServingError
 from keras_vllm.load import update_checks
 
 
-def _is_in_process(llm):
+def in_process(llm):
+    """Whether `llm`'s engine runs in this process."""
     from vllm.v1.engine.core_client import InprocClient
 
     return isinstance(getattr(llm.llm_engine, "engine_core", None), InprocClient)
@@ -131,9 +132,12 @@ def update_weights(engine, source):
             )[0]
             engine.artifact = artifact
             engine.artifact_hash = digest
+            engine._caller_arrays = False
         else:
-            if _is_in_process(llm):
+            if in_process(llm):
                 values = live_model_values(engine, source)
+                # The served variables may now hold the caller's arrays.
+                engine._caller_arrays = True
                 llm.reset_prefix_cache()
                 result = llm.collective_rpc(
                     "keras_vllm_update_from_values", args=(values,)

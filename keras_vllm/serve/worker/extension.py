@@ -65,6 +65,40 @@ class KerasVllmWorkerExtension:
 
         return weight_update.replace_weights(self, values, "The Keras model")
 
+    def keras_vllm_release_device_memory(self, weights=True):
+        """Frees the engine's KV cache (and weights) on the devices now.
+
+        `KerasVllmEngine.shutdown()` calls this for an engine in the
+        caller's process. Dropping the engine's objects is not enough there:
+        whatever still references them keeps their arrays on the device, and
+        on a TPU the KV cache fills most of the chip, so the next engine in
+        the process could not start ("total_hbm_used_gb ... exceeds"). Such
+        references outlive the engine: a traceback kept for a debugger (an
+        interactive session's last error, pytest's), and JAX's compilation
+        caches, which hold tpu-inference's jitted runner methods' `self`
+        (the runner, a static argument) until evicted.
+
+        Args:
+            weights: also delete the served weights' arrays; False when they
+                may be the caller's own arrays (after a live-model update).
+
+        Returns:
+            The bytes freed.
+        """
+        import jax
+
+        runner = self.model_runner
+        cache = [leaf for leaf in jax.tree_util.tree_leaves(runner.kv_caches)
+                 if isinstance(leaf, jax.Array) and not leaf.is_deleted()]
+        freed = sum(int(leaf.nbytes) for leaf in cache)
+        runner.delete_kv_cache()
+        if weights:
+            for leaf in jax.tree_util.tree_leaves(runner.state):
+                if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+                    freed += int(leaf.nbytes)
+                    leaf.delete()
+        return freed
+
     def keras_vllm_weights(self):
         """How the served weights lie on the devices.
 
