@@ -4,13 +4,18 @@
 python -m keras_vllm.bench.step_phases                     # --model tiny
 python -m keras_vllm.bench.step_phases --model medium --concurrencies 1,8,32
 python -m keras_vllm.bench.step_phases --engine-args '{"async_scheduling": false}'
+python -m keras_vllm.bench.step_phases --systems C,B       # and tpu-inference's own model
 ```
 
 An engine in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: vLLM's
 front end, its engine core and tpu-inference's runner on one thread, the
 way keras-vllm's TPU tier and benchmarks run it) serves `c` requests of
-random 32-token prompts, greedy, `--new-tokens` each. Host timers wrap the
-functions one step runs, in call order:
+random 32-token prompts, greedy, `--new-tokens` each. System C is
+keras-vllm on the model's export; B is vLLM serving the Hugging Face
+checkpoint of the same weights (`export_to_transformers`) through
+tpu-inference's own model class, the main benchmark's B: the same runner
+and scheduler around another model, so the phases compare one to one.
+Host timers wrap the functions one step runs, in call order:
 
 | phase | function | whose code |
 | --- | --- | --- |
@@ -204,23 +209,55 @@ def phase_medians(steps, concurrency):
     return rows
 
 
-def measure(path, vocabulary, concurrencies, new_tokens, **engine_kwargs):
+# One timer for the process: the engine's step functions are wrapped once
+# (`keras_vllm.patching` applies a fix once), around this instance.
+_TIMER = StepTimer()
+
+
+def _in_process_runner(llm):
+    return (llm.llm_engine.engine_core.engine_core.model_executor
+            .driver_worker.worker.model_runner)
+
+
+def _start(system, path, **engine_kwargs):
+    """`(generate, runner, shutdown)` of system `system`'s engine on `path`
+    (C: a keras-vllm artifact; B: a Hugging Face checkpoint)."""
+    if system == "C":
+        import keras_vllm
+
+        engine = keras_vllm.KerasVllmEngine.from_export(
+            path, verbose=False, **engine_kwargs
+        )
+        return (engine.generate, _in_process_runner(engine.llm),
+                engine.shutdown)
+    import gc
+
+    import vllm
+
+    llm = vllm.LLM(model=path, **engine_kwargs)
+
+    def shutdown():
+        llm.llm_engine.engine_core.shutdown()
+        gc.collect()
+
+    return llm.generate, _in_process_runner(llm), shutdown
+
+
+def measure(path, vocabulary, concurrencies, new_tokens, system="C",
+            **engine_kwargs):
     """`{concurrency: phase_medians(...)}` for one engine on `path`
     (`engine_kwargs`: more `vllm.LLM` arguments)."""
     import numpy as np
     from vllm import SamplingParams
 
-    import keras_vllm
-
-    engine = keras_vllm.KerasVllmEngine.from_export(
-        path, verbose=False, max_num_seqs=max(16, max(concurrencies)),
+    generate, runner, shutdown = _start(
+        system, path, max_num_seqs=max(16, max(concurrencies)),
         enable_prefix_caching=False, **engine_kwargs,
     )
-    runner = engine.llm.llm_engine.engine_core.engine_core.model_executor.\
-        driver_worker.worker.model_runner
     params = SamplingParams(
         temperature=0.0, max_tokens=new_tokens, ignore_eos=True
     )
+    # The same prompts for every system.
     rng = np.random.default_rng(0)
 
     def prompts(count):
@@ -229,16 +266,15 @@ def measure(path, vocabulary, concurrencies, new_tokens, **engine_kwargs):
                 for _ in range(count)]
 
     results = {}
-    timer = StepTimer()
-    timer.install(runner)
+    _TIMER.install(runner)
     try:
         for c in concurrencies:
-            engine.generate(prompts(c), params, use_tqdm=False)  # compiles
-            with timer.recording():
-                engine.generate(prompts(c), params, use_tqdm=False)
-            results[c] = phase_medians(timer.steps, c)
+            generate(prompts(c), params, use_tqdm=False)  # compiles
+            with _TIMER.recording():
+                generate(prompts(c), params, use_tqdm=False)
+            results[c] = phase_medians(_TIMER.steps, c)
     finally:
-        engine.shutdown()
+        shutdown()
     return results
 
 
@@ -267,6 +303,9 @@ def main():
     parser.add_argument("--concurrencies", default="1,8,32")
     parser.add_argument("--engine-args", default="{}",
                         help="JSON: more vllm.LLM arguments for the engine")
+    parser.add_argument("--systems", default="C",
+                        help="C (keras-vllm), B (tpu-inference's own model "
+                        "on the HF checkpoint of the same weights), or both")
     args = parser.parse_args()
     engine_kwargs = json.loads(args.engine_args)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -274,21 +313,30 @@ def main():
         "KERAS_VLLM_CPU_MEMORY_GB", models.CPU_MEMORY_GB[args.model]
     )
     concurrencies = [int(c) for c in args.concurrencies.split(",")]
+    systems = args.systems.split(",")
     model = models.build(args.model)
     models.perturb(model)
     tokenizer = model.preprocessor.tokenizer
     special = [int(i) for i in tokenizer.special_token_ids]
     vocabulary = min(special) if special else tokenizer.vocabulary_size()
-    path = engine_rate.export(model)
+    paths = {"C": engine_rate.export(model)}
+    if "B" in systems:
+        from keras_vllm.bench import prepare
+
+        paths["B"] = os.path.join(engine_rate.temporary_directory(), "hf")
+        model.export_to_transformers(paths["B"])
+        prepare.fix_transformers_export(paths["B"])
     del model
-    results = measure(
-        path, vocabulary, concurrencies, args.new_tokens, **engine_kwargs
-    )
-    print(f"\n--model {args.model}, {args.new_tokens} new tokens after a "
-          f"{PROMPT_TOKENS}-token prompt, in-process engine "
-          f"{engine_kwargs or ''}; load average "
-          f"{os.getloadavg()}")
-    print(table(results))
+    for system in systems:
+        # B reads its length from the checkpoint's config: the export's.
+        extra = {"max_model_len": 256} if system == "B" else {}
+        results = measure(paths[system], vocabulary, concurrencies,
+                          args.new_tokens, system, **extra, **engine_kwargs)
+        print(f"\n{system}: --model {args.model}, {args.new_tokens} new "
+              f"tokens after a {PROMPT_TOKENS}-token prompt, in-process "
+              f"engine {engine_kwargs or ''}; load average "
+              f"{os.getloadavg()}")
+        print(table(results))
 
 
 if __name__ == "__main__":
