@@ -288,6 +288,30 @@ def _holds_the_tpu_checks(monkeypatch, caplog):
     assert "VLLM_ENABLE_V1_MULTIPROCESSING=1, but this process" in caplog.text
 
 
+# <1 s of CI.
+def test_an_engine_started_beside_a_running_one_reads_the_environment_afresh(
+    monkeypatch,
+):
+    # An engine core in this process freezes vLLM's environment reads until
+    # it shuts down (`vllm.envs.enable_envs_cache`); an engine started here
+    # meanwhile must get the environment as it is, not the first one's.
+    import vllm.envs
+
+    from keras_vllm.serve.process import start as engine_process
+
+    monkeypatch.setattr(engine_process, "install", lambda: None)
+    monkeypatch.setattr(engine_process, "_chosen", False)
+    with mock.patch.dict(os.environ, {"VLLM_XLA_CACHE_PATH": "/first"}):
+        vllm.envs.enable_envs_cache()
+        try:
+            os.environ["VLLM_XLA_CACHE_PATH"] = "/second"
+            assert vllm.envs.VLLM_XLA_CACHE_PATH == "/first"  # frozen
+            engine_process.choose()
+            assert vllm.envs.VLLM_XLA_CACHE_PATH == "/second"
+        finally:
+            vllm.envs.disable_envs_cache()
+
+
 # ~2 s of CI (vLLM's plugin registrations are idempotent; the TPU's presence
 # is stood in for).
 def test_a_plain_vllm_llm_in_a_process_holding_the_tpu_runs_there(monkeypatch):

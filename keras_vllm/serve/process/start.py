@@ -263,6 +263,21 @@ def run_here_if_holding_tpu():
     envs.ENABLE_V1_MULTIPROCESSING.set("0")
 
 
+def read_environment_afresh():
+    """Has vLLM read its environment variables again from now on.
+
+    An engine core started in this process freezes vLLM's reads of them
+    (`vllm.envs.enable_envs_cache`, called in `EngineCore.__init__`) until
+    it shuts down, so an engine started here while another runs here would
+    get the first one's settings (`VLLM_ENABLE_V1_MULTIPROCESSING`,
+    `VLLM_XLA_CACHE_PATH`, ...), whatever the environment says by then. The
+    next engine core freezes them again.
+    """
+    import vllm.envs
+
+    vllm.envs.disable_envs_cache()
+
+
 def choose():
     """Picks how vLLM starts the engine process for an engine made here.
 
@@ -271,9 +286,10 @@ def choose():
     `spawn`. An explicit `fork` is overridden, with a warning, as vLLM
     overrides it when CUDA is initialized: a forked JAX runtime hangs. A
     process that holds the TPU runs the engine itself (no other process
-    can open the chip).
+    can open the chip). vLLM reads its environment afresh for the engine.
     """
     global _chosen
+    read_environment_afresh()
     run_here_if_holding_tpu()
     asked = envs.WORKER_MULTIPROC_METHOD.raw()
     if (
