@@ -355,7 +355,15 @@ def test_shutdown_returns_the_engines_device_memory(setup):
     held = _live_device_bytes() - before
     with pytest.raises(VLLMValidationError, match="out of vocabulary") as failed:
         engine.generate([{"prompt_token_ids": [10**7]}], use_tqdm=False)
-    engine.shutdown()
+    # A call running in another thread (holding the engine's lock, as
+    # generate() does) finishes before shutdown() frees its arrays.
+    closing = threading.Thread(target=engine.shutdown)
+    with engine._lock:
+        closing.start()
+        closing.join(0.5)
+        assert closing.is_alive()
+        assert engine.generate(testing.prompts()[:1], use_tqdm=False)
+    closing.join()
     kept = _live_device_bytes() - before
     assert failed.tb is not None  # the failed call's frames, still held
     assert held > 1 << 20, held

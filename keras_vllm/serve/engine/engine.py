@@ -170,7 +170,8 @@ class KerasVllmEngine:
             outputs = engine.generate(["The quick brown fox"])
         ```
         """
-        llm = self.__dict__.pop("llm", None)
+        with self._lock:  # after a generate or update running in a thread
+            llm = self.__dict__.pop("llm", None)
         if llm is None:
             return
         engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
