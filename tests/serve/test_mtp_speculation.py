@@ -159,3 +159,18 @@ def test_greedy_matches_generate_with_assistant_drafts(served):
 
 def test_prompt_logprobs_match_forward_pass(served):
     serving_checks.check_prompt_logprobs(served.engine, served.target)
+
+
+def _drafter_leaves(worker):
+    return list(worker.model_runner.drafter.state_leaves)
+
+
+# Last in the module: it shuts the module's engine down. ~1 s.
+def test_shutdown_frees_the_drafters_arrays(served):
+    """An in-process engine's shutdown deletes its drafter's arrays too
+    (`keras_vllm_release_device_memory`): on a TPU the next engine in the
+    process needs that memory, whoever still references the drafter."""
+    (leaves,) = served.engine.llm.collective_rpc(_drafter_leaves)
+    assert leaves and not any(leaf.is_deleted() for leaf in leaves)
+    served.engine.shutdown()
+    assert all(leaf.is_deleted() for leaf in leaves)

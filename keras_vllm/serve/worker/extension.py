@@ -79,8 +79,9 @@ class KerasVllmWorkerExtension:
         (the runner, a static argument) until evicted.
 
         Args:
-            weights: also delete the served weights' arrays; False when they
-                may be the caller's own arrays (after a live-model update).
+            weights: also delete the served weights' arrays (and a drafter's);
+                False when they may be the caller's own arrays (after a
+                live-model update).
 
         Returns:
             The bytes freed.
@@ -93,7 +94,11 @@ class KerasVllmWorkerExtension:
         freed = sum(int(leaf.nbytes) for leaf in cache)
         runner.delete_kv_cache()
         if weights:
-            for leaf in jax.tree_util.tree_leaves(runner.state):
+            # A drafter's own weights too (its leaves include the served
+            # embedding where it shares it: deleted once).
+            drafter = getattr(runner, "drafter", None)
+            held = (runner.state, getattr(drafter, "state_leaves", ()))
+            for leaf in jax.tree_util.tree_leaves(held):
                 if isinstance(leaf, jax.Array) and not leaf.is_deleted():
                     freed += int(leaf.nbytes)
                     leaf.delete()
