@@ -40,7 +40,7 @@ def engine(tmp_path_factory):
 def test_engine_runs_in_its_own_process(engine):
     from keras_vllm.serve.engine import updates
 
-    assert not updates._is_in_process(engine.llm)
+    assert not updates.in_process(engine.llm)
 
 
 def test_the_llm_shows_in_a_notebook(engine):
