@@ -17,6 +17,7 @@ Importing this module imports neither keras nor keras-hub.
 from keras_vllm.layers import gemma3n_fixes
 from keras_vllm.layers import gemma4_hf_fixes
 from keras_vllm.layers import gpt_oss_hf_fixes
+from keras_vllm.layers import llama_fixes
 from keras_vllm.layers import mistral_hf_fixes
 from keras_vllm.layers import qwen3_fixes
 from keras_vllm.layers import smollm3_fixes
@@ -28,6 +29,7 @@ FIXES = {
     gemma4_hf_fixes.KERAS_HUB_MODULE: gemma4_hf_fixes.install,
     gpt_oss_hf_fixes.KERAS_HUB_MODULE: gpt_oss_hf_fixes.install,
     gpt_oss_hf_fixes.BACKBONE_MODULE: gpt_oss_hf_fixes.install_backbone,
+    llama_fixes.KERAS_HUB_MODULE: llama_fixes.install,
     mistral_hf_fixes.KERAS_HUB_MODULE: mistral_hf_fixes.install,
     qwen3_fixes.KERAS_HUB_MODULE: qwen3_fixes.install,
 }
