@@ -11,9 +11,11 @@ weights, and an artifact failed at load ("The artifact stores variable
 backbone has ..."). Found preparing the seed table's Llama 3.2 1B-shaped
 benchmark model.
 
-The replacement `get_config` adds the argument, so the config describes the
-model (for keras-vllm's artifact, and for keras-hub's own presets saved
-after `import keras_vllm`). Installed (through `keras_vllm.patching`) as
+The replacement `get_config` adds the argument where it is true, so the
+config describes the model (for keras-vllm's artifact, and for keras-hub's
+own presets saved after `import keras_vllm`); an untied model's config is
+what it was (the constructor's default), so artifacts and presets saved
+before compare equal to those saved now. Installed (through `keras_vllm.patching`) as
 soon as keras-hub imports `llama_backbone`
 (`keras_vllm.export.keras_hub_hooks`).
 """
@@ -31,7 +33,8 @@ def _with_tied_embeddings(original):
     @functools.wraps(original)
     def get_config(self):
         config = original(self)
-        config.setdefault("tie_word_embeddings", self.tie_word_embeddings)
+        if self.tie_word_embeddings:
+            config["tie_word_embeddings"] = True
         return config
 
     return get_config
