@@ -105,6 +105,46 @@ def test_transformers_export_fix(tmp_path):
     assert prepare.fix_transformers_export(directory) == []
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama3", "gemma3"])
+def test_transformers_export_fix_names_the_seed_table_families(
+    tmp_path, family
+):
+    """B's checkpoints of the seed table's models (#58) get their Hugging
+    Face architecture and the weights' dtype. ~3 s a family."""
+    from keras_vllm import testing
+
+    causal_lm = testing.build_tiny_causal_lm(family, dtype="bfloat16")
+    directory = str(tmp_path / "hf")
+    causal_lm.export_to_transformers(directory)
+    prepare.fix_transformers_export(directory, "bfloat16")
+    config = json.load(open(os.path.join(directory, "config.json")))
+    assert config["architectures"] == [{
+        "gpt2": "GPT2LMHeadModel", "llama3": "LlamaForCausalLM",
+        "gemma3": "Gemma3ForCausalLM"}[family]]
+    assert config["torch_dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("name", ["gpt2_large", "llama3_1b", "gemma3_1b"])
+def test_seed_table_models_build_in_bfloat16(name):
+    """The seed table's models (#58) as the chip builds them, one layer
+    deep: bfloat16 weights, the real vocabulary's size, prompts clear of
+    special ids. ~2-4 s each (zeros for the random draws of real-sized
+    embeddings: 20 s with them)."""
+    from helpers import trained_models
+
+    with trained_models.without_random_init():
+        causal_lm = models.build(name, num_layers=1)
+    embeddings = causal_lm.backbone.token_embedding.embeddings
+    assert embeddings.dtype == "bfloat16"
+    tokenizer = causal_lm.preprocessor.tokenizer
+    size = models.MODELS[name]["vocabulary_size"]
+    assert tokenizer.vocabulary_size() == embeddings.shape[0] == size
+    first, limit = prepare.prompt_id_range(tokenizer)
+    special = {int(i) for i in tokenizer.special_token_ids}
+    assert limit - first > size // 2
+    assert not special & set(range(first, limit))
+
+
 def test_cli_reaches_the_package(monkeypatch):
     from keras_vllm.cli import commands as cli
     from keras_vllm.bench import run
@@ -307,6 +347,10 @@ def test_step_phases_keeps_decode_only_steps_and_derives_the_rest():
     assert rows["step, other"] == pytest.approx(2 * (15 - 1 - 6 - 3 - 1 - 1))
     assert rows["step"] == pytest.approx(30.0)
     table = step_phases.table({2: rows})
+    assert "model + head, device" not in table
+    rows["model + head, device"] = 1.25
+    table = step_phases.table({2: rows})
+    assert "| model + head, device | 1.250 |" in table
     assert "| decode tok/s (tokens / step time) | 67 |" in table
     assert "| tokens per step | 2.0 |" in table
     with pytest.raises(RuntimeError, match="no decode-only step of 4"):

@@ -134,8 +134,24 @@ def test_filled_vocabulary(family):
         np.testing.assert_array_equal(filled(text), plain(text))
     unused = filled.token_to_id("<|unused_0|>")
     assert filled.detokenize([unused]) == "<|unused_0|>"
-    with pytest.raises(ValueError, match="fill"):
-        testing.build_tiny_tokenizer("llama", 1000, fill=True)
+
+
+def test_filled_sentence_piece_vocabulary():
+    """SentencePiece (Gemma 3's layout): unused pieces go after the trained
+    ones, which keep their ids; the encoder never produces one, even from
+    its own text. <1 s."""
+    from keras_vllm.testing.tokenizers import fill_sentence_piece
+    from keras_vllm.testing.tokenizers import train_sentence_piece
+
+    plain = testing.build_tiny_tokenizer("gemma3", 2000)
+    filled = testing.build_tiny_tokenizer("gemma3", 2000, fill=True)
+    assert plain.vocabulary_size() < 2000 == filled.vocabulary_size()
+    for token in plain.special_tokens:
+        assert filled.token_to_id(token) == plain.token_to_id(token)
+    for text in ROUND_TRIP_STRINGS + ["<unused3>"]:
+        np.testing.assert_array_equal(filled(text), plain(text))
+    with pytest.raises(ValueError, match="below the"):
+        fill_sentence_piece(train_sentence_piece("gemma3"), 100)
 
 
 def test_fine_tune_reduces_loss(trained):

@@ -1,16 +1,18 @@
 """The A/B/C-seed/C serving benchmark, on one set of weights.
 
-    keras-vllm bench [--quick] [--model tiny|medium] [--out bench/results.json]
+    keras-vllm bench [--quick] [--model tiny|medium|...] [--out bench/results.json]
     python -m keras_vllm.bench [...]                  # the same `run.main`
 
-One run builds a KerasHub Qwen2 model (`QwenCausalLM`, offline, `--model
-tiny` or `medium`, see `models`), writes it out in every format the systems
-read, and measures output tokens/s for each (prompt length, concurrency)
-cell on:
+One run builds a KerasHub model offline (a Qwen2, `--model tiny` or
+`medium`, or a bfloat16 model of the seed's sizes: `gpt2_large`,
+`llama3_1b`, `gemma3_1b`; see `models`), writes it out in every format the
+systems read, and measures output tokens/s for each (prompt length,
+concurrency) cell on:
 
 - **A**      KerasHub `CausalLM.generate()` with static batches
              (batch = concurrency);
-- **B**      tpu-inference's own Qwen2 (`Qwen2ForCausalLM`) under plain
+- **B**      vLLM's own model class for the family (tpu-inference's
+             `Qwen2ForCausalLM` for the Qwen2 ones) under plain
              `vllm.LLM`, on `causal_lm.export_to_transformers(...)` output
              (fixed: `architectures` added, the duplicated tied
              `lm_head.weight` dropped);

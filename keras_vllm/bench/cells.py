@@ -18,7 +18,8 @@ def make_cells(prompt_lengths, concurrencies):
     ]
 
 
-def make_prompts(cells, vocab_size, *, reps=1, seed=0, step_concurrency=None):
+def make_prompts(cells, vocab_size, *, reps=1, seed=0, step_concurrency=None,
+                 first_id=0):
     """Distinct random prompts (token id lists) for every cell and system.
 
     Each cell gets one warm-up batch and `reps` timed batches of
@@ -28,12 +29,13 @@ def make_prompts(cells, vocab_size, *, reps=1, seed=0, step_concurrency=None):
 
     Args:
         cells: from `make_cells`.
-        vocab_size: ids are drawn from `[0, vocab_size)` (pass the first
-            special token id, so no prompt contains one).
+        vocab_size: ids are drawn from `[first_id, vocab_size)`: a range
+            holding no special token id.
         reps: timed batches per cell.
         seed: the random seed.
         step_concurrency: batch sizes of the per-step measurement (default:
             1 and the largest concurrency).
+        first_id: the range's first id.
 
     Returns:
         `{"cells": [{"prompt_len", "concurrency", "warmup": [...],
@@ -44,7 +46,9 @@ def make_prompts(cells, vocab_size, *, reps=1, seed=0, step_concurrency=None):
 
     def prompt(length):
         while True:
-            ids = tuple(rng.randrange(vocab_size) for _ in range(length))
+            ids = tuple(
+                rng.randrange(first_id, vocab_size) for _ in range(length)
+            )
             if ids not in seen:
                 seen.add(ids)
                 return list(ids)

@@ -5,13 +5,14 @@ engines B, C-seed and C (each started here; vLLM is imported lazily)."""
 import time
 
 from keras_vllm.bench import mixed
+from keras_vllm.bench import models
 from keras_vllm.bench.cells import MAX_TOKENS
 
 # Decode steps timed for the per-step measurement (see `step_times`).
 STEP_TOKENS = 32
 
 # vLLM engine arguments shared by B, C-seed and C (`max_model_len`,
-# `max_num_seqs` are set per run from the cells).
+# `max_num_seqs` are set per run from the cells, `dtype` from the model).
 ENGINE_ARGS = {
     "dtype": "float32",
     "max_num_batched_tokens": 2048,
@@ -117,6 +118,8 @@ def _engine(system, spec):
     kwargs = dict(ENGINE_ARGS)
     kwargs["max_model_len"] = spec["max_model_len"]
     kwargs["max_num_seqs"] = spec["max_num_seqs"]
+    # The model's own dtype (specs written before models had one: float32).
+    kwargs["dtype"] = models.dtype(spec.get("model", "tiny"))
     if spec["engine_mode"] == "inproc" or system == "C-seed":
         kwargs["async_scheduling"] = False
     paths = spec["paths"]

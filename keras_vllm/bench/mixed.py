@@ -28,7 +28,8 @@ import time
 WIDTH_MULTIPLE = 16
 
 
-def mixed_workload(n, vocab_size, max_prompt, max_output, seed=0):
+def mixed_workload(n, vocab_size, max_prompt, max_output, seed=0,
+                   first_id=0):
     """`n` requests with long-tailed prompt and output lengths.
 
     Prompt lengths are log-normal with median `max_prompt / 8`, clipped to
@@ -38,10 +39,11 @@ def mixed_workload(n, vocab_size, max_prompt, max_output, seed=0):
 
     Args:
         n: int. Number of requests.
-        vocab_size: int. Ids are drawn from `[0, vocab_size)`.
+        vocab_size: int. Ids are drawn from `[first_id, vocab_size)`.
         max_prompt: int. The longest prompt.
         max_output: int. The most new tokens a request asks for.
         seed: int. The random seed: equal arguments give equal workloads.
+        first_id: int. The first id prompts may hold.
 
     Returns:
         A list of `{"prompt": [ids], "max_tokens": int}`, in arrival order.
@@ -56,7 +58,7 @@ def mixed_workload(n, vocab_size, max_prompt, max_output, seed=0):
 
     while len(requests) < n:
         prompt = tuple(
-            rng.randrange(vocab_size)
+            rng.randrange(first_id, vocab_size)
             for _ in range(length(max_prompt / 8, 4, max_prompt))
         )
         if prompt in seen:
@@ -102,20 +104,20 @@ def keras_batch(causal_lm, batch):
 
 
 def generate_token_ids(causal_lm, token_ids, mask):
-    """`generate()` with token ids in and token ids out (the preprocessor
-    set aside for the call); the filled `token_ids` as a NumPy array. A's
-    one path, for the cells (`measure.keras_generate`) and this workload."""
+    """`generate()`'s compiled function with token ids in and out; the filled
+    `token_ids` as a NumPy array. A's one path, for the cells
+    (`measure.keras_generate`) and this workload.
+
+    What `generate()` runs for one batch of ids, without its pre- and
+    post-processing: with no preprocessor, Gemma 3's `generate()` cannot
+    join its outputs (they hold `None` for the image inputs).
+    """
     import numpy as np
 
-    preprocessor = causal_lm.preprocessor
-    causal_lm.preprocessor = None
-    try:
-        out = causal_lm.generate(
-            {"token_ids": token_ids, "padding_mask": mask},
-            stop_token_ids=None,
-        )
-    finally:
-        causal_lm.preprocessor = preprocessor
+    generate = causal_lm.make_generate_function()
+    out = generate(
+        {"token_ids": token_ids, "padding_mask": mask}, stop_token_ids=None
+    )
     return np.asarray(out["token_ids"])
 
 

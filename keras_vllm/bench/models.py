@@ -10,6 +10,17 @@
 Both keep head_dim = hidden / query heads = 64 (tpu-inference's hd64 cache
 layout) and tied embeddings (system B's tpu-inference Qwen2 fails on
 untied text-only configs, see `prepare.fix_transformers_export`).
+
+The seed's table (issue #58) used bfloat16 models of ~1B parameters; these
+have their shapes and vocabulary sizes, random weights (built where they
+run: nothing downloads), in bfloat16:
+
+- `gpt2_large`: GPT-2 large (774M: 36 layers, hidden 1280, 20 heads).
+- `llama3_1b`: Llama 3.2 1B (1.24B: 16 layers, hidden 2048, GQA 32/8,
+  tied embeddings, a 128,256-token vocabulary, RoPE scaling factor 32).
+- `gemma3_1b`: Gemma 3 1B (1.0B: 26 layers, hidden 1152, 4 query heads of
+  256 over one KV head, a sliding window of 512 on 5 layers of 6, a
+  262,144-token vocabulary).
 """
 
 MODELS = {
@@ -35,12 +46,59 @@ MODELS = {
         "num_key_value_heads": 4,
         "vocabulary_size": 32000,
     },
+    # The seed table's models: no LoRA fine-tune in their preparation (its
+    # compile would take a minute of a device call).
+    "gpt2_large": {
+        "lora_steps": 0,
+        "family": "gpt2",
+        "dtype": "bfloat16",
+        "num_layers": 36,
+        "hidden_dim": 1280,
+        "num_heads": 20,
+        "intermediate_dim": 5120,
+        "max_sequence_length": 1024,
+        "vocabulary_size": 50257,
+    },
+    "llama3_1b": {
+        "lora_steps": 0,
+        "family": "llama3",
+        "dtype": "bfloat16",
+        "num_layers": 16,
+        "hidden_dim": 2048,
+        "intermediate_dim": 8192,
+        "num_query_heads": 32,
+        "num_key_value_heads": 8,
+        "tie_word_embeddings": True,
+        "rope_frequency_adjustment_factor": 32.0,
+        "vocabulary_size": 128256,
+    },
+    "gemma3_1b": {
+        "lora_steps": 0,
+        "family": "gemma3",
+        "dtype": "bfloat16",
+        "num_layers": 26,
+        "hidden_dim": 1152,
+        "intermediate_dim": 6912,
+        "num_query_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "sliding_window_size": 512,
+        "vocabulary_size": 262144,
+    },
 }
+# Description keys that are not backbone arguments.
+_NOT_BACKBONE = ("family", "vocabulary_size", "dtype", "lora_steps")
 
 # keras-vllm's CPU backend fakes this much device memory (GiB) per CPU
 # device; with `gpu_memory_utilization` it sizes the (real, host) KV cache.
 # The medium model's float32 weights alone take ~0.5 GB.
-CPU_MEMORY_GB = {"tiny": "1", "medium": "4"}
+CPU_MEMORY_GB = {"tiny": "1", "medium": "4", "gpt2_large": "8",
+                 "llama3_1b": "8", "gemma3_1b": "8"}
+
+
+def dtype(name):
+    """The model's weights' dtype: `"float32"` unless its entry says."""
+    return MODELS[name].get("dtype", "float32")
 
 
 def config(name):
@@ -64,14 +122,15 @@ def build(name, **backbone):
     from keras_vllm import testing
 
     overrides = {
-        k: v for k, v in MODELS[name].items()
-        if k not in ("family", "vocabulary_size")
+        k: v for k, v in MODELS[name].items() if k not in _NOT_BACKBONE
     }
     overrides.update(backbone)
     vocabulary = MODELS[name].get("vocabulary_size")
     if vocabulary:
         overrides["filled_vocabulary"] = vocabulary
-    return testing.build_tiny_causal_lm(MODELS[name]["family"], **overrides)
+    return testing.build_tiny_causal_lm(
+        MODELS[name]["family"], dtype=MODELS[name].get("dtype"), **overrides
+    )
 
 
 def perturb(causal_lm, seed=0):

@@ -18,7 +18,17 @@ def dir_bytes(path):
     return total
 
 
-def fix_transformers_export(directory):
+# Hugging Face architecture names of the benchmark models' families, for a
+# `config.json` that keras-hub 0.32 writes without them.
+_ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+}
+
+
+def fix_transformers_export(directory, dtype="float32"):
     """Makes keras-hub 0.32's `export_to_transformers` output load in vLLM.
 
     Two fixes (verified on keras-hub 0.32.0 / vLLM 0.32.0): `config.json`
@@ -27,6 +37,7 @@ def fix_transformers_export(directory):
     stored beside tied embeddings is dropped (vLLM then unties the
     embeddings, and tpu-inference's untied Qwen2 path fails on text-only
     configs). The dropped tensor is checked to equal the embeddings.
+    `dtype` is the weights' dtype, `torch_dtype` where the config has none.
 
     Returns:
         A list of strings describing what was changed.
@@ -40,10 +51,9 @@ def fix_transformers_export(directory):
     with open(config_path) as f:
         config = json.load(f)
     if not config.get("architectures"):
-        names = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
-        config["architectures"] = [names[config["model_type"]]]
+        config["architectures"] = [_ARCHITECTURES[config["model_type"]]]
         changes.append(f"architectures={config['architectures']}")
-    config.setdefault("torch_dtype", "float32")
+    config.setdefault("torch_dtype", dtype)
     with open(config_path, "w") as f:
         json.dump(config, f, indent=2)
     weights_path = os.path.join(directory, "model.safetensors")
@@ -58,14 +68,27 @@ def fix_transformers_export(directory):
     return changes
 
 
-def prepare(workdir, max_model_len, model="tiny", lora_steps=3):
+def prompt_id_range(tokenizer):
+    """`[first, limit)`: the ids random prompts draw from, holding no
+    special token id: those below the first special id where the specials
+    follow the learned tokens (byte-level BPE), else those above the last
+    (SentencePiece vocabularies put them first)."""
+    special = sorted(int(i) for i in tokenizer.special_token_ids)
+    vocabulary = int(tokenizer.vocabulary_size())
+    if special[0] > vocabulary // 2:
+        return [0, special[0]]
+    return [special[-1] + 1, vocabulary]
+
+
+def prepare(workdir, max_model_len, model="tiny", lora_steps=None):
     """Builds the model and writes it in every format; returns timings.
 
     Args:
         workdir: string. The directory the formats are written under.
         max_model_len: int. The exports' maximum sequence length.
         model: string. A key of `models.MODELS`.
-        lora_steps: int. Fine-tuning steps before the LoRA delta export.
+        lora_steps: int. Fine-tuning steps before the LoRA delta export
+            (0: none). Default: the model's `lora_steps`, else 3.
 
     Returns:
         A dict: `model` (its description, parameter count, vocabulary),
@@ -76,23 +99,18 @@ def prepare(workdir, max_model_len, model="tiny", lora_steps=3):
 
     import keras_vllm
     from keras_vllm import testing
-    from keras_vllm.testing.tokenizers import BPE_SPECIAL_TOKENS
 
     description = models.config(model)
     causal_lm = models.build(model)
     models.perturb(causal_lm)
     tokenizer = causal_lm.preprocessor.tokenizer
-    special = [
-        int(tokenizer.token_to_id(token))
-        for token in BPE_SPECIAL_TOKENS[description["family"]]
-    ]
     result = {
         "model": dict(
             description,
             parameters=int(causal_lm.backbone.count_params()),
             vocabulary_size=int(tokenizer.vocabulary_size()),
-            first_special_id=min(special),
-            dtype="float32",
+            prompt_ids=prompt_id_range(tokenizer),
+            dtype=models.dtype(model),
         )
     }
     # A short greedy run, to record how varied the output is.
@@ -151,12 +169,18 @@ def prepare(workdir, max_model_len, model="tiny", lora_steps=3):
         "bytes": dir_bytes(paths["transformers"]),
     }
     exports["export_to_transformers"]["fixes"] = fix_transformers_export(
-        paths["transformers"]
+        paths["transformers"], models.dtype(model)
     )
     exports["export_to_transformers"]["bytes_after_fixes"] = dir_bytes(
         paths["transformers"]
     )
 
+    result["exports"] = exports
+    result["paths"] = paths
+    if lora_steps is None:
+        lora_steps = models.MODELS[model].get("lora_steps", 3)
+    if not lora_steps:
+        return result
     # LoRA: fine-tune the preset briefly, export the delta against it.
     tuned = keras_hub.models.CausalLM.from_preset(paths["preset"])
     tuned.compile(sampler="greedy")
@@ -179,7 +203,5 @@ def prepare(workdir, max_model_len, model="tiny", lora_steps=3):
         "full_bytes": exports["export_vllm"]["bytes"],
         "weights_mode": manifest["weights"]["mode"],
     }
-    result["exports"] = exports
-    result["paths"] = paths
     return result
 

@@ -100,7 +100,8 @@ def main(argv=None):
         "engine_mode": args.engine_mode,
         "mixed": args.mixed,
         "engine_args": dict(measure.ENGINE_ARGS, max_model_len=max_model_len,
-                            max_num_seqs=max(concs)),
+                            max_num_seqs=max(concs),
+                            dtype=models.dtype(args.model)),
         "cpu_memory_gb": models.CPU_MEMORY_GB[args.model],
         "model": models.config(args.model),
         # `keras-vllm bench` and `python -m keras_vllm.bench` run the same.
@@ -133,10 +134,11 @@ def main(argv=None):
     for key, value in prepared["exports"].items():
         print(f"[bench] export {key}: {value['seconds']:.2f} s, "
               f"{value['bytes']} bytes", flush=True)
-    prompts = cells_lib.make_prompts(
-        cells, prepared["model"]["first_special_id"], reps=args.reps)
+    first_id, limit = prepared["model"]["prompt_ids"]
+    prompts = cells_lib.make_prompts(cells, limit, reps=args.reps,
+                                     first_id=first_id)
     if args.mixed:
-        shape = dict(vocab_size=prepared["model"]["first_special_id"],
+        shape = dict(vocab_size=limit, first_id=first_id,
                      max_prompt=max(lengths), max_output=args.max_tokens)
         prompts["mixed"] = {
             "batch_size": max(concs),

@@ -10,6 +10,7 @@ import sys
 import time
 
 from keras_vllm.bench import measure
+from keras_vllm.bench import models
 from keras_vllm.bench import prepare
 
 WORKER_TIMEOUT_S = 1800
@@ -41,7 +42,8 @@ def worker(name, spec_path, result_path):
 
             start = time.time()
             causal_lm = keras_hub.models.CausalLM.from_preset(
-                spec["paths"]["preset"], dtype="float32"
+                spec["paths"]["preset"],
+                dtype=models.dtype(spec.get("model", "tiny")),
             )
             causal_lm.compile(sampler="greedy")
             loaded = time.time()

@@ -148,9 +148,9 @@ def build_tiny_causal_lm(
             policy, e.g. `"bfloat16"`. Defaults to Keras' global policy.
         sequence_length: int. The preprocessor's sequence length (the
             default `max_length` of `generate()`).
-        filled_vocabulary: int, optional. Byte-level BPE families only: the
-            tokenizer (and so the embeddings) gets exactly this many tokens,
-            filled up with unused ones past what the fixture corpus trains
+        filled_vocabulary: int, optional. The tokenizer (and so the
+            embeddings) gets exactly this many tokens, filled up with unused
+            ones past what the fixture corpus trains
             (`build_tiny_tokenizer(..., fill=True)`).
         **overrides: backbone constructor arguments replacing the tiny
             defaults, e.g. `num_layers=6` or `**PHI3_SU_ROPE_SCALING`.

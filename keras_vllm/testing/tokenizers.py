@@ -321,10 +321,10 @@ def build_tiny_tokenizer(family, vocabulary_size=None, fill=False):
         family: string. One of `keras_vllm.testing.FAMILIES`.
         vocabulary_size: int, optional. The target vocabulary size. Defaults
             to `BPE_VOCABULARY_SIZE` or `SENTENCE_PIECE_VOCABULARY_SIZE`.
-        fill: bool. Byte-level BPE families only: reach `vocabulary_size`
-            exactly, with unused tokens where the fixture corpus trains
-            fewer (see `train_byte_pair`), so a model built on the
-            tokenizer has embeddings of a realistic size.
+        fill: bool. Reach `vocabulary_size` exactly, with unused tokens
+            where the fixture corpus trains fewer (`train_byte_pair`,
+            `fill_sentence_piece`), so a model built on the tokenizer has
+            embeddings of a realistic size.
 
     Returns:
         A `keras_hub.tokenizers.Tokenizer` of the family's class, e.g. a
@@ -343,10 +343,43 @@ def build_tiny_tokenizer(family, vocabulary_size=None, fill=False):
             fill=fill,
         )
         return cls(vocabulary=vocabulary, merges=merges)
-    if fill:
-        raise ValueError(f"fill: {family!r} has no byte-level BPE tokenizer")
     size = vocabulary_size or SENTENCE_PIECE_VOCABULARY_SIZE
+    if fill:
+        return cls(proto=fill_sentence_piece(
+            train_sentence_piece(layout, size), size
+        ))
     return cls(proto=train_sentence_piece(layout, size))
+
+
+def fill_sentence_piece(proto, vocabulary_size):
+    """A SentencePiece model proto grown to `vocabulary_size` pieces.
+
+    The added pieces (`<unused0>`, ...) have SentencePiece's UNUSED type:
+    ids the encoder never produces, like the reserved pieces of real
+    vocabularies (Gemma's), so text tokenizes as with `proto` while a model
+    built on it has a real vocabulary's embeddings (262,144 rows for Gemma
+    3).
+
+    Args:
+        proto: bytes. A serialized model proto (`train_sentence_piece`).
+        vocabulary_size: int. The pieces wanted, at least `proto`'s.
+
+    Returns:
+        The serialized, grown model proto, as `bytes`.
+    """
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    model = model_pb2.ModelProto()
+    model.ParseFromString(proto)
+    if vocabulary_size < len(model.pieces):
+        raise ValueError(
+            f"vocabulary_size={vocabulary_size} is below the "
+            f"{len(model.pieces)} pieces the fixture corpus trains"
+        )
+    unused = model_pb2.ModelProto.SentencePiece.UNUSED
+    for i in range(vocabulary_size - len(model.pieces)):
+        model.pieces.add(piece=f"<unused{i}>", score=0.0, type=unused)
+    return model.SerializeToString()
 
 
 def _check_family(family):
