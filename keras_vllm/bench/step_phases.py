@@ -5,6 +5,8 @@ python -m keras_vllm.bench.step_phases                     # --model tiny
 python -m keras_vllm.bench.step_phases --model medium --concurrencies 1,8,32
 python -m keras_vllm.bench.step_phases --engine-args '{"async_scheduling": false}'
 python -m keras_vllm.bench.step_phases --systems C,B       # and tpu-inference's own model
+python -m keras_vllm.bench.step_phases --engine-args '{}' \
+    --engine-args '{"additional_config": {"enable_continue_decode": true}}'
 ```
 
 An engine in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: vLLM's
@@ -38,7 +40,11 @@ yields (more than one a request with tpu-inference's continue decode:
 see `keras_vllm/serve/decode_steps.py`) and the decode rate.
 JAX dispatches asynchronously: the model's device time shows in the phase
 that first waits for its result (sample + to host), not in its dispatch.
-Timers cost ~1 us a call; nothing else changes.
+So each concurrency runs once more with the model's and the head's calls
+waiting for their results: the row "model + head, device" is their time
+in that pass (dispatch and device compute), what the chip spends on a step
+against the step's whole time. Timers cost ~1 us a call; nothing else
+changes.
 """
 
 import argparse
@@ -51,6 +57,7 @@ import time
 
 from keras_vllm.bench import engine_rate
 from keras_vllm.bench import models
+from keras_vllm.bench import prepare
 
 PROMPT_TOKENS = 32
 
@@ -85,6 +92,8 @@ class StepTimer:
         self.steps = []
         self._recording = False
         self._current = None
+        # Whether the runner's jitted calls wait for their results.
+        self.blocking = False
 
     def add(self, phase, seconds):
         if self._current is not None:
@@ -121,8 +130,21 @@ class StepTimer:
         for phase, name in _RUNNER_FUNCTIONS:
             patching.replace(
                 runner, name,
-                lambda original, phase=phase: self.timed(phase, original),
+                lambda original, phase=phase: self.timed(
+                    phase, self._waited(original)
+                ),
             )
+
+    def _waited(self, function):
+        def wrapper(*args, **kwargs):
+            out = function(*args, **kwargs)
+            if self.blocking:
+                import jax
+
+                jax.block_until_ready(out)
+            return out
+
+        return wrapper
 
     @contextlib.contextmanager
     def recording(self):
@@ -243,7 +265,7 @@ def _start(system, path, **engine_kwargs):
     return llm.generate, _in_process_runner(llm), shutdown
 
 
-def measure(path, vocabulary, concurrencies, new_tokens, system="C",
+def measure(path, prompt_ids, concurrencies, new_tokens, system="C",
             **engine_kwargs):
     """`{concurrency: phase_medians(...)}` for one engine on `path`
     (`engine_kwargs`: more `vllm.LLM` arguments)."""
@@ -262,7 +284,7 @@ def measure(path, vocabulary, concurrencies, new_tokens, system="C",
 
     def prompts(count):
         return [{"prompt_token_ids":
-                 rng.integers(0, vocabulary, PROMPT_TOKENS).tolist()}
+                 rng.integers(*prompt_ids, PROMPT_TOKENS).tolist()}
                 for _ in range(count)]
 
     results = {}
@@ -273,6 +295,16 @@ def measure(path, vocabulary, concurrencies, new_tokens, system="C",
             with _TIMER.recording():
                 generate(prompts(c), params, use_tqdm=False)
             results[c] = phase_medians(_TIMER.steps, c)
+            _TIMER.blocking = True
+            try:
+                with _TIMER.recording():
+                    generate(prompts(c), params, use_tqdm=False)
+            finally:
+                _TIMER.blocking = False
+            waited = phase_medians(_TIMER.steps, c)
+            results[c]["model + head, device"] = (
+                waited["model dispatch"] + waited["logits dispatch"]
+            )
     finally:
         shutdown()
     return results
@@ -284,7 +316,10 @@ def table(results):
     lines = ["| phase (median ms per decode step) | "
              + " | ".join(f"c={c}" for c in columns) + " |",
              "|---|" + "---|" * len(columns)]
-    for phase in PHASES + ("step",):
+    waited = ("model + head, device",) * all(
+        "model + head, device" in results[c] for c in columns
+    )
+    for phase in PHASES + ("step",) + waited:
         lines.append(f"| {phase} | " + " | ".join(
             f"{results[c][phase]:.3f}" for c in columns) + " |")
     lines.append("| tokens per step | " + " | ".join(
@@ -301,13 +336,14 @@ def main():
     parser.add_argument("--model", default="tiny", choices=sorted(models.MODELS))
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--concurrencies", default="1,8,32")
-    parser.add_argument("--engine-args", default="{}",
-                        help="JSON: more vllm.LLM arguments for the engine")
+    parser.add_argument("--engine-args", action="append",
+                        help="JSON: more vllm.LLM arguments for the engine; "
+                        "given twice or more, each system runs with each")
     parser.add_argument("--systems", default="C",
                         help="C (keras-vllm), B (tpu-inference's own model "
                         "on the HF checkpoint of the same weights), or both")
     args = parser.parse_args()
-    engine_kwargs = json.loads(args.engine_args)
+    variants = [json.loads(a) for a in args.engine_args or ["{}"]]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault(
         "KERAS_VLLM_CPU_MEMORY_GB", models.CPU_MEMORY_GB[args.model]
@@ -316,27 +352,29 @@ def main():
     systems = args.systems.split(",")
     model = models.build(args.model)
     models.perturb(model)
-    tokenizer = model.preprocessor.tokenizer
-    special = [int(i) for i in tokenizer.special_token_ids]
-    vocabulary = min(special) if special else tokenizer.vocabulary_size()
+    prompt_ids = prepare.prompt_id_range(model.preprocessor.tokenizer)
     paths = {"C": engine_rate.export(model)}
     if "B" in systems:
-        from keras_vllm.bench import prepare
-
         paths["B"] = os.path.join(engine_rate.temporary_directory(), "hf")
         model.export_to_transformers(paths["B"])
-        prepare.fix_transformers_export(paths["B"])
+        prepare.fix_transformers_export(paths["B"], models.dtype(args.model))
     del model
-    for system in systems:
-        # B reads its length from the checkpoint's config: the export's.
-        extra = {"max_model_len": 256} if system == "B" else {}
-        results = measure(paths[system], vocabulary, concurrencies,
-                          args.new_tokens, system, **extra, **engine_kwargs)
-        print(f"\n{system}: --model {args.model}, {args.new_tokens} new "
-              f"tokens after a {PROMPT_TOKENS}-token prompt, in-process "
-              f"engine {engine_kwargs or ''}; load average "
-              f"{os.getloadavg()}")
-        print(table(results))
+    for engine_kwargs in variants:
+        for system in systems:
+            # B reads its length from the checkpoint's config: the export's.
+            extra = {"max_model_len": 256} if system == "B" else {}
+            heading = (f"\n{system}: --model {args.model}, {args.new_tokens} "
+                       f"new tokens after a {PROMPT_TOKENS}-token prompt, "
+                       f"in-process engine {engine_kwargs or ''}")
+            try:
+                results = measure(paths[system], prompt_ids, concurrencies,
+                                  args.new_tokens, system, **extra,
+                                  **engine_kwargs)
+            except Exception as e:  # The other cells still run.
+                print(f"{heading}: failed: {type(e).__name__}: {e}")
+                continue
+            print(f"{heading}; load average {os.getloadavg()}")
+            print(table(results), flush=True)
 
 
 if __name__ == "__main__":
