@@ -145,6 +145,22 @@ def test_seed_table_models_build_in_bfloat16(name):
     assert not special & set(range(first, limit))
 
 
+def test_b_runs_torch_promote_types_under_torchax():
+    """B serves GPT-2 through vLLM's PyTorch model under torchax, whose
+    LayerNorm asks `torch.promote_types` (no torchax lowering in 0.0.13:
+    B failed to start). ~2 s (torch and torchax imports)."""
+    import torch
+    import torchax
+
+    from keras_vllm.bench import torchax_fixes
+
+    torchax_fixes.answer_promote_types()
+    with torchax.default_env():
+        x = torch.ones(2, dtype=torch.bfloat16, device="jax")
+        assert torch.promote_types(x.dtype, torch.float32) == torch.float32
+        assert torch.promote_types(torch.int8, torch.uint8) == torch.int16
+
+
 def test_cli_reaches_the_package(monkeypatch):
     from keras_vllm.cli import commands as cli
     from keras_vllm.bench import run

@@ -126,6 +126,9 @@ def _engine(system, spec):
     if system == "B":
         import vllm
 
+        from keras_vllm.bench import torchax_fixes
+
+        torchax_fixes.answer_promote_types()
         return vllm.LLM(model=paths["transformers"], **kwargs)
     if system == "C-seed":
         from keras_hub.vllm import KerasHubLLM
