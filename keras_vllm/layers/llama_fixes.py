@@ -15,8 +15,8 @@ The replacement `get_config` adds the argument where it is true, so the
 config describes the model (for keras-vllm's artifact, and for keras-hub's
 own presets saved after `import keras_vllm`); an untied model's config is
 what it was (the constructor's default), so artifacts and presets saved
-before compare equal to those saved now. Installed (through `keras_vllm.patching`) as
-soon as keras-hub imports `llama_backbone`
+before compare equal to those saved now. Installed (through
+`keras_vllm.patching`) as soon as keras-hub imports `llama_backbone`
 (`keras_vllm.export.keras_hub_hooks`).
 """
 

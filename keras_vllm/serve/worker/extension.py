@@ -88,20 +88,23 @@ class KerasVllmWorkerExtension:
         """
         import jax
 
+        def live(tree):
+            # Checked as each leaf is reached: one held twice is freed once.
+            for leaf in jax.tree_util.tree_leaves(tree):
+                if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+                    yield leaf
+
         runner = self.model_runner
-        cache = [leaf for leaf in jax.tree_util.tree_leaves(runner.kv_caches)
-                 if isinstance(leaf, jax.Array) and not leaf.is_deleted()]
-        freed = sum(int(leaf.nbytes) for leaf in cache)
+        freed = sum(int(leaf.nbytes) for leaf in live(runner.kv_caches))
         runner.delete_kv_cache()
         if weights:
             # A drafter's own weights too (its leaves include the served
-            # embedding where it shares it: deleted once).
+            # embedding where it shares it).
             drafter = getattr(runner, "drafter", None)
             held = (runner.state, getattr(drafter, "state_leaves", ()))
-            for leaf in jax.tree_util.tree_leaves(held):
-                if isinstance(leaf, jax.Array) and not leaf.is_deleted():
-                    freed += int(leaf.nbytes)
-                    leaf.delete()
+            for leaf in live(held):
+                freed += int(leaf.nbytes)
+                leaf.delete()
         return freed
 
     def keras_vllm_weights(self):
