@@ -9,7 +9,8 @@ values over `collective_rpc`), where a live model is exported to a temporary
 artifact first (tests/serve/test_engine_in_use.py). The
 same engine also shows two request checks that need an engine but no
 update (refused sampling parameters, structured outputs over a
-SentencePiece tokenizer).
+SentencePiece tokenizer). What `shutdown()` frees is checked where no
+other engine holds the device (tests/serve/test_engine_shutdown.py).
 """
 
 import logging
@@ -323,68 +324,6 @@ def test_structured_outputs_over_a_sentence_piece_tokenizer(setup):
             text = output.outputs[0].text
             assert check(text), text
             assert output.outputs[0].finish_reason == "stop"
-
-
-def _live_device_bytes():
-    import jax
-
-    return sum(array.nbytes for array in jax.live_arrays())
-
-
-# ~5 s of CI: a second engine in this process, started and shut down.
-def test_shutdown_returns_the_engines_device_memory(setup):
-    """Not about updates either: an engine in this process frees its weights
-    and KV cache at `shutdown()`, also while something still references its
-    objects. On a TPU, whose KV cache fills most of the chip, the next
-    engine's start in the same process failed ("total_hbm_used_gb ...
-    exceeds total_hbm_limit_cap_gb"): first because the engine's objects
-    sit in reference cycles, then (on the chip, 2026-12-07) because of who
-    else held them: the traceback of a failed request, kept here as pytest
-    and interactive sessions keep the last one (`sys.last_traceback`);
-    keras-vllm's record of a per-engine patch; JAX's caches of
-    tpu-inference's jitted runner methods."""
-    from vllm.exceptions import VLLMValidationError
-
-    import keras_vllm
-
-    before = _live_device_bytes()
-    engine = keras_vllm.KerasVllmEngine.from_export(
-        setup.paths.new, **engine_shapes.ENGINE_KWARGS
-    )
-    assert engine.generate(testing.prompts()[:1], use_tqdm=False)
-    held = _live_device_bytes() - before
-    with pytest.raises(VLLMValidationError, match="out of vocabulary") as failed:
-        engine.generate([{"prompt_token_ids": [10**7]}], use_tqdm=False)
-    # A call running in another thread (holding the engine's lock, as
-    # generate() does) finishes before shutdown() frees its arrays.
-    closing = threading.Thread(target=engine.shutdown)
-    with engine._lock:
-        closing.start()
-        closing.join(0.5)
-        assert closing.is_alive()
-        assert engine.generate(testing.prompts()[:1], use_tqdm=False)
-    closing.join()
-    kept = _live_device_bytes() - before
-    assert failed.tb is not None  # the failed call's frames, still held
-    assert held > 1 << 20, held
-    assert kept < held / 10, (held, kept)
-
-
-# ~6 s of CI: one more engine in this process.
-def test_shutdown_after_a_live_update_leaves_the_callers_arrays(setup):
-    """After an in-process update from a live model the served variables
-    may hold that model's own arrays: `shutdown()` frees the KV cache but
-    not them, and the model still runs."""
-    import keras_vllm
-
-    engine = keras_vllm.KerasVllmEngine.from_export(
-        setup.paths.old, **engine_shapes.ENGINE_KWARGS
-    )
-    engine.update_weights(setup.new)
-    engine.shutdown()
-    values = [v.value for v in setup.new.backbone.weights]
-    assert not any(getattr(v, "is_deleted", lambda: False)() for v in values)
-    assert _expected(setup.new)  # runs on the model's arrays
 
 
 _EXPORT_LLAMA3 = """
