@@ -11,6 +11,12 @@ prompts cost about 25 s of op compiles on a small CPU host); compiled, one
 call is one XLA call on the same variables. The computation is the model's
 own `call` (through `stateless_call`), so the reference does not change,
 only its cost: one compile per input shape, then milliseconds a call.
+
+Image references (greedy decoding by the forward pass where `generate()`
+differs from it on images, at export and in the serving checks) take the
+preprocessor's whole input dict (`argmax_at`, `logprobs_of`): eagerly, one
+Gemma 4 family cost ~1,900 op compiles in the image serving checks, and on
+a TPU each small compile costs far more than on a CPU host.
 """
 
 import json
@@ -92,6 +98,68 @@ def logprobs(causal_lm, token_ids, padding_mask, make_inputs):
         *_variables(causal_lm), make_inputs(causal_lm, ids, mask)
     )
     return np.asarray(out)[:rows, :length]
+
+
+def argmax_at(causal_lm, inputs, positions):
+    """Greedy next tokens of a model's own input dict, one XLA call.
+
+    For inputs `last_position_argmax` cannot build from token ids alone
+    (images and their placement, as the preprocessor writes them): the
+    dict goes in as it is, so each new set of input shapes compiles once.
+    Keep shapes fixed across calls (pad to one length) to reuse it.
+
+    Args:
+        causal_lm: a KerasHub `CausalLM`.
+        inputs: the backbone's input dict, arrays with a batch axis.
+        positions: int `[B]`: the position whose logits pick each row's
+            next token.
+
+    Returns:
+        A list of `B` ints.
+
+    Example:
+
+    ```python
+    x = causal_lm.preprocessor.generate_preprocess(
+        {"prompts": ["<img> shows"], "images": [[image]]}, sequence_length=64
+    )
+    x = {k: v for k, v in x.items() if k in set(causal_lm.backbone.input)}
+    argmax_at(causal_lm, x, [int(x["padding_mask"][0].sum()) - 1])
+    ```
+    """
+    import numpy as np
+
+    tokens = _compiled(causal_lm, "argmax")(
+        *_variables(causal_lm), _as_arrays(inputs),
+        np.asarray(positions, dtype="int32"),
+    )
+    return [int(t) for t in np.asarray(tokens)]
+
+
+def logprobs_of(causal_lm, inputs):
+    """Each position's log-softmax over the vocabulary for a model's own
+    input dict (as `argmax_at` takes it), one XLA call.
+
+    Args:
+        causal_lm: a KerasHub `CausalLM`.
+        inputs: the backbone's input dict, arrays with a batch axis.
+
+    Returns:
+        float32 numpy array `[B, T, vocab]`.
+    """
+    import numpy as np
+
+    out = _compiled(causal_lm, "logprobs")(
+        *_variables(causal_lm), _as_arrays(inputs)
+    )
+    return np.asarray(out)
+
+
+def _as_arrays(inputs):
+    # Preprocessors may hand back TensorFlow tensors; JAX takes numpy.
+    import numpy as np
+
+    return {name: np.asarray(value) for name, value in inputs.items()}
 
 
 def _bucketed(token_ids, padding_mask):

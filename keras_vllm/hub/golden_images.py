@@ -151,7 +151,7 @@ def _forward_greedy(causal_lm, prompt, images, max_new_tokens,
     # Greedy decoding by full forward passes, for a family whose cached
     # `generate()` differs from its forward pass on images; padding after
     # the tokens does not change their logits, so each step is one program.
-    from keras import ops
+    from keras_vllm.hub import compiled_forward
 
     x = _preprocess(causal_lm.preprocessor, prompt, images, sequence_length)
     names = set(causal_lm.backbone.input)
@@ -162,8 +162,7 @@ def _forward_greedy(causal_lm, prompt, images, max_new_tokens,
     new = []
     for position in range(count, min(count + max_new_tokens,
                                      sequence_length)):
-        logits = ops.convert_to_numpy(causal_lm(x))[0, position - 1]
-        token = int(np.argmax(logits))
+        (token,) = compiled_forward.argmax_at(causal_lm, x, [position - 1])
         new.append(token)
         if token in stops:
             break

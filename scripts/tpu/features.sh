@@ -24,7 +24,8 @@ K="not over_http and not two_processes"
 left() { echo $((DEADLINE - (SECONDS - START))); }
 tests() {  # tests NAME PYTEST_ARGS...: one pytest process, log $OUT/NAME.log
   local name=$1; shift
-  timeout "$(left)" python3 -m pytest -v -p no:cacheprovider -rA "$@" \
+  timeout "$(left)" python3 -m pytest -v -p no:cacheprovider -rA \
+    -o console_output_style=times "$@" \
     > "$OUT/$name.log" 2>&1
   echo "$name: rc=$? at $((SECONDS - START)) s: $(tail -1 "$OUT/$name.log")"
 }

@@ -60,3 +60,27 @@ def test_compiled_logprobs_are_the_models_own(monkeypatch):
         np.testing.assert_allclose(rows, want, atol=1e-5)
     # One compile for both lengths.
     assert [k[0] for k in compiled_forward._COMPILED] == ["logprobs"]
+
+
+def test_a_models_own_input_dict_runs_as_it_is(monkeypatch):
+    """`argmax_at` / `logprobs_of` take the backbone's input dict unbuilt
+    (image references hand over the preprocessor's, images included) and
+    compute what one eager call does. About 5 s: two compiles of a tiny
+    model."""
+    monkeypatch.setattr(compiled_forward, "_COMPILED", {})
+    model = testing.build_tiny_causal_lm("gpt_neo_x", seed=0)
+    rng = np.random.default_rng(1)
+    ids = rng.integers(1, 60, size=(2, 16)).astype("int32")
+    mask = np.ones_like(ids, dtype=bool)
+    mask[0, 9:] = False
+    inputs = reference._inputs(model, ids, mask)
+    last = [8, 15]
+    assert compiled_forward.argmax_at(model, inputs, last) == _eager_argmax(
+        model, ids, mask, last
+    )
+    logits = np.asarray(model(inputs)).astype("float64")
+    top = logits.max(-1, keepdims=True)
+    want = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    got = compiled_forward.logprobs_of(model, inputs)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=1e-5)

@@ -27,6 +27,7 @@ from helpers import gemma4_vision_models  # noqa: E402
 from helpers import serving_checks  # noqa: E402
 from helpers import vision_models  # noqa: E402
 from helpers.trained_models import trained  # noqa: E402
+from keras_vllm.hub import compiled_forward  # noqa: E402
 from keras_vllm import format as fmt  # noqa: E402
 from keras_vllm.format.names import FORMAT_VERSION  # noqa: E402
 
@@ -133,8 +134,9 @@ def _forward_greedy(causal_lm, prompt, images):
     ).items()}
     count = int(x["padding_mask"][0].sum())
     for step in range(NEW_TOKENS):
-        logits = np.asarray(causal_lm(x))[0, count + step - 1]
-        x["token_ids"][0, count + step] = int(np.argmax(logits))
+        (x["token_ids"][0, count + step],) = compiled_forward.argmax_at(
+            causal_lm, x, [count + step - 1]
+        )
         x["padding_mask"][0, count + step] = True
     ids = x["token_ids"][0]
     return ids[:count].tolist(), ids[count:count + NEW_TOKENS].tolist()
@@ -225,7 +227,6 @@ def test_gemma4_generate_differs_from_its_forward_pass_on_images():
 
 
 def test_prompt_logprobs_of_text_tokens_match_the_forward_pass(served):
-    from keras import ops
     from vllm import SamplingParams
 
     family, model, engine = served
@@ -236,14 +237,12 @@ def test_prompt_logprobs_of_text_tokens_match_the_forward_pass(served):
     requests = _requests_of(family)
     for i, ((prompt, count), out) in enumerate(zip(requests, outputs)):
         ids = list(out.prompt_token_ids)
-        x = _preprocess(
-            model, prompt, _images(family, i, count), length=len(ids)
-        )
-        x = {k: v for k, v in x.items()}
-        logits = ops.convert_to_numpy(model(x))[0].astype("float64")
-        logprobs = logits - np.log(
-            np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)
-        ) - logits.max(-1, keepdims=True)
+        # Padded to one length (later positions do not change earlier
+        # logits): one compiled forward for every request of its images'
+        # shapes.
+        x = _preprocess(model, prompt, _images(family, i, count), length=96)
+        assert np.asarray(x["token_ids"])[0, :len(ids)].tolist() == ids
+        logprobs = compiled_forward.logprobs_of(model, x)[0]
         for j in range(1, len(ids)):
             if ids[j] == placeholder:
                 continue
