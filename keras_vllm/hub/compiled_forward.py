@@ -100,13 +100,31 @@ def logprobs(causal_lm, token_ids, padding_mask, make_inputs):
     return np.asarray(out)[:rows, :length]
 
 
+def compilable(causal_lm):
+    """Whether references may run `causal_lm` compiled: a Keras model none
+    of whose layers runs quantized (Keras sets a layer's
+    `quantization_mode`: int8, int4, gptq, float8; its int8 layers round
+    activations per shape, see `reference.teacher_forced_logprobs_batch`).
+    Anything else that computes a model's logits when called (a wrapper
+    that drops a model's image inputs, say) is called eagerly."""
+    import keras
+
+    if not isinstance(causal_lm, keras.Model):
+        return False
+    return not any(
+        getattr(layer, "quantization_mode", None)
+        for layer in causal_lm._flatten_layers(include_self=False)
+    )
+
+
 def argmax_at(causal_lm, inputs, positions):
     """Greedy next tokens of a model's own input dict, one XLA call.
 
     For inputs `last_position_argmax` cannot build from token ids alone
     (images and their placement, as the preprocessor writes them): the
     dict goes in as it is, so each new set of input shapes compiles once.
-    Keep shapes fixed across calls (pad to one length) to reuse it.
+    Keep shapes fixed across calls (pad to one length) to reuse it. For
+    models that are `compilable`.
 
     Args:
         causal_lm: a KerasHub `CausalLM`.

@@ -151,6 +151,8 @@ def _forward_greedy(causal_lm, prompt, images, max_new_tokens,
     # Greedy decoding by full forward passes, for a family whose cached
     # `generate()` differs from its forward pass on images; padding after
     # the tokens does not change their logits, so each step is one program.
+    from keras import ops
+
     from keras_vllm.hub import compiled_forward
 
     x = _preprocess(causal_lm.preprocessor, prompt, images, sequence_length)
@@ -162,7 +164,13 @@ def _forward_greedy(causal_lm, prompt, images, max_new_tokens,
     new = []
     for position in range(count, min(count + max_new_tokens,
                                      sequence_length)):
-        (token,) = compiled_forward.argmax_at(causal_lm, x, [position - 1])
+        if compiled_forward.compilable(causal_lm):
+            (token,) = compiled_forward.argmax_at(
+                causal_lm, x, [position - 1]
+            )
+        else:  # Quantized: eager, as `reference` keeps it.
+            logits = causal_lm(x)[0, position - 1]
+            token = int(np.argmax(ops.convert_to_numpy(logits)))
         new.append(token)
         if token in stops:
             break

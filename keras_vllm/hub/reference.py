@@ -275,7 +275,7 @@ def teacher_forced_logprobs_batch(causal_lm, prompts):
     """
     from keras import ops
 
-    if _compilable(causal_lm):
+    if compiled_forward.compilable(causal_lm):
         length = max(len(ids) for ids in prompts)
         padded = np.zeros((len(prompts), length), dtype="int32")
         mask = np.zeros((len(prompts), length), dtype="bool")
@@ -293,21 +293,6 @@ def teacher_forced_logprobs_batch(causal_lm, prompts):
         logits = ops.cast(logits[0], "float32")
         outputs.append(np.asarray(ops.log_softmax(logits, axis=-1)))
     return outputs
-
-
-def _compilable(causal_lm):
-    """Whether `causal_lm` is a Keras model none of whose layers runs
-    quantized (Keras sets a layer's `quantization_mode`: int8, int4, gptq,
-    float8). Anything else that computes a model's logits when called (a
-    wrapper that drops a model's image inputs, say) runs eagerly."""
-    import keras
-
-    if not isinstance(causal_lm, keras.Model):
-        return False
-    return not any(
-        getattr(layer, "quantization_mode", None)
-        for layer in causal_lm._flatten_layers(include_self=False)
-    )
 
 
 def _inputs(causal_lm, token_ids, padding_mask):
