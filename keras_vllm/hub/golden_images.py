@@ -162,9 +162,10 @@ def _forward_greedy(causal_lm, prompt, images, max_new_tokens,
     prompt_ids = [int(i) for i in x["token_ids"][0][:count]]
     stops = set(stop_token_ids or ())
     new = []
+    compiled = compiled_forward.compilable(causal_lm)
     for position in range(count, min(count + max_new_tokens,
                                      sequence_length)):
-        if compiled_forward.compilable(causal_lm):
+        if compiled:
             (token,) = compiled_forward.argmax_at(
                 causal_lm, x, [position - 1]
             )

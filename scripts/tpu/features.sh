@@ -61,8 +61,9 @@ a)
 b)
   extra=(); [ -n "${FULL:-}" ] && extra=(tests/serve/test_mtp_speculation.py)
   tests updates -k "$K" tests/serve/test_weight_updates.py \
-    tests/serve/test_engine_shutdown.py tests/serve/test_compile_cache.py tests/serve/test_structured_outputs.py \
-    tests/serve/test_lora_adapters.py "${extra[@]}"
+    tests/serve/test_engine_shutdown.py tests/serve/test_compile_cache.py \
+    tests/serve/test_structured_outputs.py tests/serve/test_lora_adapters.py \
+    "${extra[@]}"
   tests gemma3n_adapters -k "gemma3n" tests/serve/test_multi_adapter.py
   ;;
 c)

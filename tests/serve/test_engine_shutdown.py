@@ -23,7 +23,7 @@ from keras_vllm import testing  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory, monkeypatch_module):
+def artifact(tmp_path_factory):
     """The tiny llama's export, served in this process, after one engine
     on it has started, served and shut down.
 
@@ -35,21 +35,16 @@ def artifact(tmp_path_factory, monkeypatch_module):
     own keeps."""
     import keras_vllm
 
-    monkeypatch_module.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     root = tmp_path_factory.mktemp("shutdown")
     path = updated_models.export(trained("llama"), root / "llama")
-    engine = keras_vllm.KerasVllmEngine.from_export(
-        path, **engine_shapes.ENGINE_KWARGS
-    )
-    assert engine.generate(testing.prompts()[:1], use_tqdm=False)
-    serving_checks.shutdown(engine)
-    return path
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
     with pytest.MonkeyPatch.context() as patch:
-        yield patch
+        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        engine = keras_vllm.KerasVllmEngine.from_export(
+            path, **engine_shapes.ENGINE_KWARGS
+        )
+        assert engine.generate(testing.prompts()[:1], use_tqdm=False)
+        serving_checks.shutdown(engine)
+        yield path
 
 
 def _live_device_bytes():
