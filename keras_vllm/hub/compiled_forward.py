@@ -15,8 +15,8 @@ only its cost: one compile per input shape, then milliseconds a call.
 Image references (greedy decoding by the forward pass where `generate()`
 differs from it on images, at export and in the serving checks) take the
 preprocessor's whole input dict (`argmax_at`, `logprobs_of`): eagerly, one
-Gemma 4 family cost ~1,900 op compiles in the image serving checks, and on
-a TPU each small compile costs far more than on a CPU host.
+vision family's serving checks cost ~1,900 op compiles, and on a TPU each
+small compile costs far more than on a CPU host.
 """
 
 import json
